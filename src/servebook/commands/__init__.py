@@ -1,0 +1,1 @@
+"""Sub-commands of the ``servebook`` CLI; each module exposes ``register(subparsers)``."""
