@@ -1,0 +1,32 @@
+"""Discrete-event model of vLLM's scheduler: paged KV blocks, continuous batching,
+chunked prefill, preemption by recompute and prefix caching — plus contiguous
+worst-case reservation and static batching to compare against.
+
+Public API::
+
+    from servebook.simulator import (
+        RequestSpec, synthetic_workload,          # workloads
+        SchedulerConfig,                          # settings (vLLM engine-argument names)
+        LinearStepTime, StepTimeModel,            # step cost: step_time_s(P, D, C) -> s
+        simulate, SimulationResult,               # run; .steps, .requests, .summary()
+    )
+"""
+from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
+from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
+from servebook.simulator.step_time import LinearStepTime, StepTimeModel
+from servebook.simulator.workload import LENGTH_PRESETS, RequestSpec, synthetic_workload
+
+__all__ = [
+    "LENGTH_PRESETS",
+    "POLICIES",
+    "RESERVATIONS",
+    "LinearStepTime",
+    "RequestMetrics",
+    "RequestSpec",
+    "SchedulerConfig",
+    "SimulationResult",
+    "StepTimeModel",
+    "StepTrace",
+    "simulate",
+    "synthetic_workload",
+]

@@ -1,0 +1,277 @@
+"""The step loop: arrivals, scheduling, the clock, and what gets recorded.
+
+:func:`simulate` runs a list of :class:`~servebook.simulator.workload.RequestSpec`
+through a scheduler (see :mod:`servebook.simulator.scheduler`) one step at a time.
+Each step lasts ``step_time_s(num_prefill_tokens, num_decode_seqs, context_tokens)``
+seconds; tokens sampled in a step become visible at its end. A step that schedules
+no tokens (every running request was preempted) takes no time, as vLLM skips the
+forward pass when ``total_num_scheduled_tokens`` is 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from servebook.errors import ServebookError
+from servebook.simulator.config import SchedulerConfig
+from servebook.simulator.contiguous import reservation_tokens
+from servebook.simulator.scheduler import RequestState, make_scheduler
+from servebook.simulator.step_time import LinearStepTime, StepTimeModel
+from servebook.simulator.workload import RequestSpec
+
+
+@dataclass
+class StepTrace:
+    """Per-step columns (one entry per step; times in seconds, memory in slots/blocks).
+
+    ``reserved_slots`` are KV slots set aside for running requests (allocated blocks
+    × block_size for paged; reserved ranges for contiguous); ``held_tokens`` those
+    that hold a computed token; ``blocks_used`` = ``ceil(reserved_slots / block_size)``.
+    ``batches`` (only with ``record_batches=True``): ``{request_id: tokens}`` per step.
+    """
+
+    start_s: list[float] = field(default_factory=list)
+    duration_s: list[float] = field(default_factory=list)
+    scheduled_tokens: list[int] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decode_seqs: list[int] = field(default_factory=list)
+    scheduled_seqs: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    preemptions: list[int] = field(default_factory=list)
+    blocks_used: list[int] = field(default_factory=list)
+    blocks_free: list[int] = field(default_factory=list)
+    reserved_slots: list[int] = field(default_factory=list)
+    held_tokens: list[int] = field(default_factory=list)
+    batches: list[dict[str, int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+    @property
+    def reserved_empty_slots(self) -> np.ndarray:
+        """Reserved KV slots that hold no token, per step."""
+        return np.asarray(self.reserved_slots) - np.asarray(self.held_tokens)
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Latencies of one request, in seconds from its arrival.
+
+    ``ttft_s``: arrival to first output token; ``mean_itl_s``: mean gap between
+    later tokens (0 for one-token outputs); ``max_itl_s``: longest such gap (a
+    preemption shows up here); ``latency_s``: arrival to being returned.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    mean_itl_s: float
+    max_itl_s: float
+    latency_s: float
+    preemptions: int
+    prefix_hit_tokens: int
+
+
+@dataclass
+class SimulationResult:
+    """Everything one run produced."""
+
+    config: SchedulerConfig
+    steps: StepTrace
+    requests: list[RequestMetrics]
+    num_preemptions: int
+
+    def summary(self) -> dict:
+        """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction)."""
+        steps = self.steps
+        makespan = steps.start_s[-1] + steps.duration_s[-1] if len(steps) else 0.0
+        ttft = np.array([r.ttft_s for r in self.requests])
+        itl = np.array([r.mean_itl_s for r in self.requests if r.output_tokens > 1] or [0.0])
+        latency = np.array([r.latency_s for r in self.requests])
+        out_tokens = sum(r.output_tokens for r in self.requests)
+        prompt_tokens = sum(r.prompt_tokens for r in self.requests)
+        dur = np.asarray(steps.duration_s)
+        reserved = np.asarray(steps.reserved_slots, dtype=float)
+        held = np.asarray(steps.held_tokens, dtype=float)
+        mask = (reserved > 0) & (dur > 0)
+        util = float((held[mask] / reserved[mask] * dur[mask]).sum() / dur[mask].sum()) if mask.any() else 0.0
+        return {
+            "policy": self.config.policy,
+            "num_requests": len(self.requests),
+            "num_steps": len(steps),
+            "makespan_s": makespan,
+            "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
+            "total_tokens_per_s": (out_tokens + prompt_tokens) / makespan if makespan else 0.0,
+            "requests_per_s": len(self.requests) / makespan if makespan else 0.0,
+            "ttft_mean_s": float(ttft.mean()),
+            "ttft_p50_s": float(np.percentile(ttft, 50)),
+            "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "itl_mean_s": float(itl.mean()),
+            "latency_mean_s": float(latency.mean()),
+            "latency_p99_s": float(np.percentile(latency, 99)),
+            "preemptions": self.num_preemptions,
+            "kv_utilisation": util,
+            "peak_blocks_used": max(steps.blocks_used) if len(steps) else 0,
+            "mean_running": float(np.mean(steps.running)) if len(steps) else 0.0,
+        }
+
+    def to_json(self, include_steps: bool = False) -> str:
+        """The summary (and optionally the per-step trace) as JSON."""
+        data: dict = {"config": asdict(self.config), "summary": self.summary()}
+        if include_steps:
+            data["steps"] = {k: v for k, v in asdict(self.steps).items() if v is not None}
+            data["requests"] = [asdict(r) for r in self.requests]
+        return json.dumps(data, indent=2)
+
+
+def _check_fits(requests: list[RequestSpec], config: SchedulerConfig) -> None:
+    """Refuse requests that could never be served under ``config``."""
+    for spec in requests:
+        if spec.total_tokens > config.max_model_len:
+            raise ServebookError(
+                f"request {spec.request_id} needs {spec.total_tokens} tokens (prompt + output) but "
+                f"max_model_len is {config.max_model_len}; raise max_model_len or shorten the request"
+            )
+        if config.policy == "paged":
+            need = math.ceil(spec.total_tokens / config.block_size)
+            if need > config.num_blocks:
+                raise ServebookError(
+                    f"request {spec.request_id} needs {need} KV blocks but the pool has "
+                    f"{config.num_blocks}; give more num_blocks or shorter requests"
+                )
+        else:
+            need = reservation_tokens(spec.total_tokens, config.max_model_len, config.reservation)
+            if need > config.capacity_tokens:
+                raise ServebookError(
+                    f"request {spec.request_id} reserves {need} contiguous slots but the pool has "
+                    f"{config.capacity_tokens}; give more num_blocks or a smaller max_model_len"
+                )
+
+
+def simulate(
+    requests: list[RequestSpec],
+    config: SchedulerConfig,
+    step_time_s: StepTimeModel | None = None,
+    *,
+    record_batches: bool = False,
+    max_steps: int | None = None,
+) -> SimulationResult:
+    """Serve ``requests`` under ``config`` and record every step.
+
+    Args:
+        requests: the workload (any order; served by arrival time, ties by list order).
+        config: scheduler settings and policy.
+        step_time_s: step cost model; default :class:`LinearStepTime()`.
+        record_batches: also record ``{request_id: tokens}`` for every step.
+        max_steps: stop with an error after this many steps (a guard; default unlimited).
+    """
+    if not requests:
+        raise ServebookError("the workload is empty; give at least one request")
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ServebookError("request ids repeat; give every request a unique request_id")
+    _check_fits(requests, config)
+    cost = step_time_s or LinearStepTime()
+    sched = make_scheduler(config)
+    states = [RequestState(spec, i, config.block_size) for i, spec in enumerate(requests)]
+    order = sorted(states, key=lambda s: (s.spec.arrival_s, s.index))
+    trace = StepTrace(batches=[] if record_batches else None)
+    bs = config.block_size
+    clock = 0.0
+    next_arrival = 0
+    unfinished = len(states)
+    metrics: list[RequestMetrics | None] = [None] * len(states)
+
+    while unfinished:
+        while next_arrival < len(order) and order[next_arrival].spec.arrival_s <= clock:
+            sched.add(order[next_arrival])
+            next_arrival += 1
+        if not sched.running and not sched.waiting:
+            clock = order[next_arrival].spec.arrival_s
+            continue
+        scheduled, preempted = sched.schedule()
+        if not scheduled and not preempted:
+            if sched.running and all(r.done for r in sched.running):
+                pass  # static batch of finished members: released below
+            elif next_arrival < len(order) and not sched.running:
+                clock = order[next_arrival].spec.arrival_s
+                continue
+            else:
+                head = sched.waiting[0].rid if sched.waiting else "?"
+                raise ServebookError(
+                    f"the scheduler is stuck: request {head} cannot be admitted into an otherwise "
+                    f"idle engine; give more KV blocks or a larger max_num_batched_tokens"
+                )
+        prefill = decode = context = total = 0
+        for r, n in scheduled:
+            total += n
+            context += r.num_computed + n
+            if n == 1 and r.num_computed == r.num_tokens - 1 and r.num_tokens > r.num_prompt:
+                decode += 1
+            else:
+                prefill += n
+        dt = cost(prefill, decode, context) if total else 0.0
+        end = clock + dt
+        finished: list[RequestState] = []
+        for r, n in scheduled:
+            r.num_computed += n
+            if r.admitted_s is None:
+                r.admitted_s = clock
+            if r.num_computed >= r.num_tokens:
+                r.num_output += 1
+                r.num_tokens += 1
+                if r.first_token_s is None:
+                    r.first_token_s = end
+                else:
+                    gap = end - r.last_token_s
+                    if gap > r.max_gap_s:
+                        r.max_gap_s = gap
+                r.last_token_s = end
+                if r.num_output >= r.num_output_target:
+                    finished.append(r)
+        # Occupancy is recorded after the step's KV writes, before frees.
+        reserved = sched.reserved_slots()
+        trace.start_s.append(clock)
+        trace.duration_s.append(dt)
+        trace.scheduled_tokens.append(total)
+        trace.prefill_tokens.append(prefill)
+        trace.decode_seqs.append(decode)
+        trace.scheduled_seqs.append(len(scheduled))
+        trace.running.append(len(sched.running))
+        trace.waiting.append(len(sched.waiting))
+        trace.preemptions.append(preempted)
+        trace.reserved_slots.append(reserved)
+        trace.held_tokens.append(sched.held_tokens())
+        used = -(-reserved // bs)
+        trace.blocks_used.append(used)
+        trace.blocks_free.append(config.num_blocks - used)
+        if record_batches:
+            trace.batches.append({r.rid: n for r, n in scheduled})
+        clock = end
+        if finished or (sched.running and all(r.done for r in sched.running)):
+            for r in sched.finish(finished):
+                r.finish_s = clock
+                unfinished -= 1
+                spec = r.spec
+                n_out = r.num_output
+                metrics[r.index] = RequestMetrics(
+                    request_id=r.rid,
+                    arrival_s=spec.arrival_s,
+                    prompt_tokens=spec.prompt_tokens,
+                    output_tokens=n_out,
+                    ttft_s=r.first_token_s - spec.arrival_s,
+                    mean_itl_s=(r.last_token_s - r.first_token_s) / (n_out - 1) if n_out > 1 else 0.0,
+                    max_itl_s=r.max_gap_s,
+                    latency_s=clock - spec.arrival_s,
+                    preemptions=r.num_preemptions,
+                    prefix_hit_tokens=r.prefix_hit_tokens,
+                )
+        if max_steps is not None and len(trace) >= max_steps:
+            raise ServebookError(f"simulation passed max_steps={max_steps}; raise the limit")
+    return SimulationResult(config=config, steps=trace, requests=metrics, num_preemptions=sched.num_preemptions)

@@ -1,0 +1,372 @@
+"""One scheduling step of a vLLM-like engine, and two older policies to compare.
+
+:class:`PagedScheduler` follows ``Scheduler.schedule()`` in
+``vllm/v1/core/sched/scheduler.py`` (vllm 0.27.1) for a decoder-only model with
+one full-attention KV group, no speculative decoding and no KV connector:
+
+1. The step has a token budget, ``max_num_batched_tokens``.
+2. **Running requests first**, in running-queue order. Each asks for
+   ``num_tokens - num_computed_tokens`` tokens (its whole remaining prompt, or 1
+   when decoding), capped by ``long_prefill_token_threshold`` (if > 0), by the
+   budget left, and by ``max_model_len - num_computed_tokens - 1``.
+3. Blocks come from ``KVCacheManager.allocate_slots`` (``kv_cache_manager.py``):
+   ``ceil((computed + new) / block_size)`` blocks minus those already held. If
+   the free queue is too short the scheduler **preempts the last request of the
+   running queue** (FCFS policy, ``self.running.pop()``), freeing its blocks and
+   putting it at the *front* of the waiting queue with ``num_computed_tokens = 0``
+   (``_preempt_request``: preemption by recompute), and retries. If the request
+   preempted is the one being scheduled, the running pass stops.
+4. **Waiting requests next**, only if nothing was preempted in this step and
+   while the budget lasts and fewer than ``max_num_seqs`` requests run. The head
+   of the queue first looks up the prefix cache (``get_computed_blocks``: full
+   blocks only, at most ``num_tokens - 1`` tokens, so the last prompt token is
+   always recomputed). With ``scheduler_reserve_full_isl`` (default True in
+   0.27.1) it is admitted only if blocks for *all* its tokens fit
+   (``full_sequence_must_fit``), plus the watermark. Cached blocks that sit in
+   the free queue count against the free blocks since taking them removes them
+   from it. If the head does not fit the waiting pass stops (no skipping).
+5. After the step (``_update_after_schedule`` and ``update_from_output``),
+   ``num_computed_tokens`` grows by the tokens scheduled; a request whose
+   computed tokens reach its length samples one token; a request with all its
+   output tokens finishes and frees its blocks.
+
+Differences from vLLM that the simulator accepts: no async scheduling (vLLM
+0.27.1 turns it off on CPU; on GPU it only moves when outputs become visible),
+no priority policy, no encoder inputs, no spec decoding, no sliding window.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from servebook.errors import ServebookError
+from servebook.simulator.block_pool import BlockPool
+from servebook.simulator.config import SchedulerConfig
+from servebook.simulator.contiguous import ContiguousAllocator, reservation_tokens
+from servebook.simulator.workload import RequestSpec
+
+
+class RequestState:
+    """Mutable progress of one request inside the simulator.
+
+    Token counters follow vLLM's ``Request``: ``num_tokens`` = prompt + tokens
+    generated so far; ``num_computed_tokens`` = tokens whose KV is in the cache.
+    """
+
+    __slots__ = (
+        "spec", "rid", "num_prompt", "num_output_target", "num_tokens", "num_computed",
+        "num_output", "blocks", "num_cached_blocks", "prefix_full_blocks", "prefix_id",
+        "first_token_s", "last_token_s", "max_gap_s", "finish_s", "admitted_s",
+        "num_preemptions", "prefix_hit_tokens", "done", "index",
+    )
+
+    def __init__(self, spec: RequestSpec, index: int, block_size: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.rid = spec.request_id
+        self.num_prompt = spec.prompt_tokens
+        self.num_output_target = spec.output_tokens
+        self.num_tokens = spec.prompt_tokens
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self.prefix_id = spec.prefix_id
+        self.prefix_full_blocks = spec.prefix_tokens // block_size if spec.prefix_id else 0
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.max_gap_s = 0.0
+        self.finish_s: float | None = None
+        self.admitted_s: float | None = None
+        self.num_preemptions = 0
+        self.prefix_hit_tokens = 0
+        self.done = False
+
+    def block_key(self, index: int):
+        """Prefix-cache key of full block ``index`` (shared prefix or own content)."""
+        if index < self.prefix_full_blocks:
+            return (self.prefix_id, index)
+        return (self.rid, index)
+
+
+class _Base:
+    """Queues and counters shared by the policies."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self.num_preemptions = 0
+
+    def add(self, request: RequestState) -> None:
+        self.waiting.append(request)
+
+    # Occupancy, for the trace ------------------------------------------------
+    def reserved_slots(self) -> int:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def held_tokens(self) -> int:
+        """Tokens whose KV is in memory (distinct slots; shared prefixes once)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def release(self, request: RequestState) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def finish(self, finished: list[RequestState]) -> list[RequestState]:
+        """Drop finished requests from the running queue (order kept) and free them;
+        returns the requests handed back to their clients now."""
+        gone = set(id(r) for r in finished)
+        self.running = [r for r in self.running if id(r) not in gone]
+        for r in finished:
+            self.release(r)
+        return finished
+
+
+class PagedScheduler(_Base):
+    """vLLM 0.27.1's scheduler over a paged :class:`BlockPool` (see module docstring)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_prefix_caching)
+        self.caching = config.enable_prefix_caching
+
+    def _cache_full_blocks(self, r: RequestState, num_tokens_done: int) -> None:
+        """Hash the request's blocks that are full once ``num_tokens_done`` are written
+        (``KVCacheManager.allocate_slots`` caches up to ``min(computed + new, num_tokens)``)."""
+        full = min(num_tokens_done, r.num_tokens) // self.config.block_size
+        if full > r.num_cached_blocks:
+            pool, blocks = self.pool, r.blocks
+            for i in range(r.num_cached_blocks, full):
+                pool.cache(blocks[i], r.block_key(i))
+            r.num_cached_blocks = full
+
+    def _preempt(self, victim: RequestState) -> None:
+        """Preemption by recompute (``Scheduler._preempt_request``)."""
+        self.pool.free(victim.blocks)
+        victim.blocks = []
+        victim.num_cached_blocks = 0
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def release(self, r: RequestState) -> None:
+        self.pool.free(r.blocks)
+        r.blocks = []
+
+    def schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
+        """One step: returns ``[(request, tokens scheduled)]`` and the preemptions made."""
+        cfg = self.config
+        bs = cfg.block_size
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        max_len = cfg.max_model_len
+        pool = self.pool
+        scheduled: list[tuple[RequestState, int]] = []
+        preempted = 0
+        running = self.running
+
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            new = r.num_tokens - r.num_computed
+            if 0 < threshold < new:
+                new = threshold
+            if new > budget:
+                new = budget
+            room = max_len - r.num_computed - 1
+            if new > room:
+                new = room
+            if new <= 0:
+                i += 1
+                continue
+            need = (r.num_computed + new + bs - 1) // bs - len(r.blocks)
+            ok = True
+            while need > len(pool.free_queue):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted += 1
+                if victim is r:
+                    ok = False
+                    break
+            if not ok:
+                break
+            if need > 0:
+                r.blocks.extend(pool.take(need))
+            if self.caching:
+                self._cache_full_blocks(r, r.num_computed + new)
+            scheduled.append((r, new))
+            budget -= new
+            i += 1
+
+        if not preempted:
+            waiting = self.waiting
+            watermark = cfg.watermark_blocks
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                r = waiting[0]
+                hits: list[int] = []
+                if self.caching and r.num_computed == 0:
+                    max_hit_blocks = (r.num_tokens - 1) // bs
+                    hits = pool.lookup([r.block_key(b) for b in range(max_hit_blocks)])
+                hit_tokens = len(hits) * bs
+                new = r.num_tokens - hit_tokens
+                if 0 < threshold < new:
+                    new = threshold
+                if not cfg.enable_chunked_prefill and new > budget:
+                    break
+                if new > budget:
+                    new = budget
+                evictable = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+                mark = watermark if running else 0
+                free = len(pool.free_queue)
+                if cfg.reserve_full_prompt:
+                    full_need = (min(r.num_tokens, max_len) + bs - 1) // bs - len(hits) + evictable
+                    if full_need + mark > free:
+                        break
+                fresh = (hit_tokens + new + bs - 1) // bs - len(hits)
+                if fresh + evictable + mark > free:
+                    break
+                waiting.popleft()
+                pool.touch(hits)
+                r.blocks = hits + pool.take(fresh)
+                r.num_cached_blocks = len(hits)
+                r.num_computed = hit_tokens
+                if r.num_preemptions == 0:
+                    r.prefix_hit_tokens = hit_tokens
+                if self.caching:
+                    self._cache_full_blocks(r, hit_tokens + new)
+                running.append(r)
+                scheduled.append((r, new))
+                budget -= new
+        return scheduled, preempted
+
+    def reserved_slots(self) -> int:
+        """Slots in allocated blocks (used blocks × block_size)."""
+        return (self.pool.num_blocks - len(self.pool.free_queue)) * self.config.block_size
+
+    def held_tokens(self) -> int:
+        """Slots in used blocks minus the unwritten tail of each running request."""
+        empty = 0
+        bs = self.config.block_size
+        for r in self.running:
+            empty += len(r.blocks) * bs - r.num_computed
+        return self.reserved_slots() - empty
+
+
+class ContiguousScheduler(_Base):
+    """Continuous batching over a contiguous, worst-case reservation per request.
+
+    Same step rules as :class:`PagedScheduler` (running first, token budget,
+    chunked prefill, ``max_num_seqs``), but a request is admitted only when a
+    contiguous hole of :func:`reservation_tokens` slots exists; it then never
+    needs more memory, so nothing is ever preempted, and prefixes are not shared.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.memory = ContiguousAllocator(config.capacity_tokens)
+
+    def release(self, r: RequestState) -> None:
+        self.memory.release(r.rid)
+
+    def _reservation(self, r: RequestState) -> int:
+        return reservation_tokens(r.spec.total_tokens, self.config.max_model_len, self.config.reservation)
+
+    def _schedule_running(self, budget: int) -> tuple[list[tuple[RequestState, int]], int]:
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        scheduled = []
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.done:
+                continue
+            new = r.num_tokens - r.num_computed
+            if 0 < threshold < new:
+                new = threshold
+            new = min(new, budget)
+            if new > 0:
+                scheduled.append((r, new))
+                budget -= new
+        return scheduled, budget
+
+    def _admit(self, r: RequestState, budget: int) -> int | None:
+        """Tokens to schedule for newly admitted ``r``, or None if it cannot start."""
+        cfg = self.config
+        new = r.num_tokens
+        if 0 < cfg.long_prefill_token_threshold < new:
+            new = cfg.long_prefill_token_threshold
+        if not cfg.enable_chunked_prefill and new > budget:
+            return None
+        if self.memory.allocate(r.rid, self._reservation(r)) is None:
+            return None
+        return min(new, budget)
+
+    def schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
+        scheduled, budget = self._schedule_running(self.config.max_num_batched_tokens)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            new = self._admit(self.waiting[0], budget)
+            if new is None:
+                break
+            r = self.waiting.popleft()
+            self.running.append(r)
+            scheduled.append((r, new))
+            budget -= new
+        return scheduled, 0
+
+    def reserved_slots(self) -> int:
+        return self.memory.reserved_tokens
+
+    def held_tokens(self) -> int:
+        return sum(r.num_computed for r in self.running)
+
+
+class StaticScheduler(ContiguousScheduler):
+    """Static batching: a batch of up to ``max_num_seqs`` starts only when the
+    previous batch has *wholly* finished; members that finish early keep their
+    reservation and are returned with the batch (``done`` until the batch ends)."""
+
+    def schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
+        if self.running:
+            scheduled, _ = self._schedule_running(self.config.max_num_batched_tokens)
+            return scheduled, 0
+        budget = self.config.max_num_batched_tokens
+        scheduled = []
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            r = self.waiting[0]
+            if self.memory.allocate(r.rid, self._reservation(r)) is None:
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            if budget > 0:
+                new = r.num_tokens
+                if 0 < self.config.long_prefill_token_threshold < new:
+                    new = self.config.long_prefill_token_threshold
+                new = min(new, budget)
+                scheduled.append((r, new))
+                budget -= new
+        return scheduled, 0
+
+    def finish(self, finished: list[RequestState]) -> list[RequestState]:
+        """Mark members done; release (and return) the whole batch once every member is done."""
+        for r in finished:
+            r.done = True
+        if self.running and all(r.done for r in self.running):
+            batch, self.running = self.running, []
+            for r in batch:
+                self.release(r)
+            return batch
+        return []
+
+    def held_tokens(self) -> int:
+        return sum(r.num_computed for r in self.running)
+
+
+def make_scheduler(config: SchedulerConfig):
+    """The scheduler object for ``config.policy``."""
+    if config.policy == "paged":
+        return PagedScheduler(config)
+    if config.policy == "contiguous":
+        return ContiguousScheduler(config)
+    if config.policy == "static":
+        return StaticScheduler(config)
+    raise ServebookError(f"unknown policy {config.policy!r}")  # pragma: no cover - config validates

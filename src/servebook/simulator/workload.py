@@ -1,0 +1,146 @@
+"""Requests the simulator serves: lengths, arrival times, shared prefixes.
+
+A :class:`RequestSpec` is everything the scheduler needs to know about a request
+without its text: how many prompt tokens it has, how many tokens it will generate
+(``output_tokens``, as with ``ignore_eos=True`` and ``max_tokens``), when it
+arrives, and which leading part of its prompt (``prefix_tokens`` tokens) it shares
+with other requests that carry the same ``prefix_id`` (a system prompt, a RAG
+template). Token *content* never matters to the scheduler except through prefix
+caching, so sharing is described by that pair instead of token ids.
+
+:func:`synthetic_workload` draws a reproducible workload: Poisson arrivals and
+log-normal prompt/output lengths. The preset ``"sharegpt-like"`` has means of
+about 160 prompt and 340 output tokens, the size of the ShareGPT conversations
+used in the PagedAttention paper (Kwon et al., SOSP 2023, arXiv 2309.06180,
+section 6.1); ``"alpaca-like"`` about 20 and 60. They are stand-ins with the
+right scale and spread, not the datasets.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from servebook.errors import ServebookError
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request as the scheduler sees it.
+
+    Attributes:
+        request_id: unique name.
+        prompt_tokens: prompt length in tokens (>= 1).
+        output_tokens: tokens the request generates before it finishes (>= 1).
+        arrival_s: arrival time in seconds from the start of the run (>= 0).
+        prefix_id: name of a prompt prefix shared with other requests, or None.
+        prefix_tokens: how many leading prompt tokens are that shared prefix.
+    """
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float = 0.0
+    prefix_id: str | None = None
+    prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ServebookError(
+                f"request {self.request_id}: prompt_tokens is {self.prompt_tokens}; give at least 1 token"
+            )
+        if self.output_tokens < 1:
+            raise ServebookError(
+                f"request {self.request_id}: output_tokens is {self.output_tokens}; give at least 1 token"
+            )
+        if self.arrival_s < 0 or not math.isfinite(self.arrival_s):
+            raise ServebookError(
+                f"request {self.request_id}: arrival_s is {self.arrival_s}; give a time >= 0 seconds"
+            )
+        if not 0 <= self.prefix_tokens <= self.prompt_tokens:
+            raise ServebookError(
+                f"request {self.request_id}: prefix_tokens ({self.prefix_tokens}) must lie between 0 "
+                f"and prompt_tokens ({self.prompt_tokens})"
+            )
+        if self.prefix_tokens and self.prefix_id is None:
+            raise ServebookError(
+                f"request {self.request_id}: prefix_tokens is set but prefix_id is None; name the prefix"
+            )
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output tokens: the most KV slots the request ever needs."""
+        return self.prompt_tokens + self.output_tokens
+
+
+#: Log-normal length presets: (median prompt, sigma prompt, median output, sigma output), tokens.
+#: Means are median * exp(sigma**2 / 2): sharegpt-like ~160 / ~340, alpaca-like ~20 / ~60.
+LENGTH_PRESETS: dict[str, tuple[float, float, float, float]] = {
+    "sharegpt-like": (100.0, 1.0, 210.0, 1.0),
+    "alpaca-like": (15.0, 0.75, 45.0, 0.75),
+    "long-context": (8000.0, 0.5, 600.0, 0.6),
+}
+
+
+def synthetic_workload(
+    num_requests: int,
+    *,
+    arrival_rate_per_s: float = math.inf,
+    lengths: str = "sharegpt-like",
+    max_model_len: int = 2048,
+    shared_prefix_tokens: int = 0,
+    seed: int = 0,
+) -> list[RequestSpec]:
+    """A reproducible list of requests.
+
+    Args:
+        num_requests: how many requests (>= 1).
+        arrival_rate_per_s: mean Poisson arrival rate in requests per second;
+            ``math.inf`` puts every arrival at t = 0 (an offline batch).
+        lengths: a key of :data:`LENGTH_PRESETS`.
+        max_model_len: prompt + output is clipped to this many tokens, as a
+            server with ``--max-model-len`` would refuse or cut longer ones.
+        shared_prefix_tokens: if > 0, every prompt starts with the same prefix of
+            this many tokens (``prefix_id="system"``); prompts are lengthened to
+            hold it.
+        seed: random seed.
+    """
+    if num_requests < 1:
+        raise ServebookError(f"num_requests is {num_requests}; ask for at least 1 request")
+    if lengths not in LENGTH_PRESETS:
+        raise ServebookError(
+            f"unknown length distribution {lengths!r}; choose one of {sorted(LENGTH_PRESETS)}"
+        )
+    if not arrival_rate_per_s > 0:
+        raise ServebookError(f"arrival_rate_per_s is {arrival_rate_per_s}; give a rate > 0 requests/s")
+    if shared_prefix_tokens < 0 or shared_prefix_tokens + 2 > max_model_len:
+        raise ServebookError(
+            f"shared_prefix_tokens ({shared_prefix_tokens}) must be >= 0 and leave room in "
+            f"max_model_len ({max_model_len}) for at least one more prompt and one output token"
+        )
+    rng = np.random.default_rng(seed)
+    p_med, p_sig, o_med, o_sig = LENGTH_PRESETS[lengths]
+    prompts = np.maximum(1, np.rint(rng.lognormal(math.log(p_med), p_sig, num_requests))).astype(int)
+    outputs = np.maximum(1, np.rint(rng.lognormal(math.log(o_med), o_sig, num_requests))).astype(int)
+    if math.isinf(arrival_rate_per_s):
+        arrivals = np.zeros(num_requests)
+    else:
+        arrivals = np.cumsum(rng.exponential(1.0 / arrival_rate_per_s, num_requests))
+        arrivals -= arrivals[0]
+    requests = []
+    for i in range(num_requests):
+        prompt = int(prompts[i]) + shared_prefix_tokens
+        prompt = min(prompt, max_model_len - 1)
+        output = min(int(outputs[i]), max_model_len - prompt)
+        requests.append(
+            RequestSpec(
+                request_id=f"r{i}",
+                prompt_tokens=prompt,
+                output_tokens=output,
+                arrival_s=float(arrivals[i]),
+                prefix_id="system" if shared_prefix_tokens else None,
+                prefix_tokens=shared_prefix_tokens,
+            )
+        )
+    return requests
