@@ -1,0 +1,251 @@
+"""Step time in seconds: the work of a step (:mod:`servebook.perf.work`) over calibrated rates.
+
+One engine step runs three kinds of kernels one after another, and each kind is
+limited by whichever of bandwidth or compute it exhausts first (a roofline per
+kernel class, joined by a smooth maximum):
+
+``step_s = step_overhead_s + per_sequence_overhead_s x sequences``
+``       + smoothmax(weights_bytes / (BW x weight_eff) + expert_bytes / (BW x expert_eff),``
+``                   linear_flops / (FLOPS x matmul_eff(tokens)))``
+``       + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
+``       + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
+
+``matmul_eff(tokens) = matmul_peak_eff x tokens / (tokens + matmul_half_tokens)``:
+a GEMM with few rows (decode) cannot use the tensor cores as well as a
+prefill's thousands. ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
+
+Every ``*_eff``, overhead and ``p`` is a :class:`Coefficients` field fitted by
+:mod:`servebook.perf.calibrate` to recorded vLLM measurements; peaks come from
+the GPU catalogue. Nothing here assumes an efficiency.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from servebook.errors import ServebookError
+from servebook.model_spec import ModelSpec
+from servebook.perf.gpu import GPUNumbers, gpu_numbers
+from servebook.perf.work import (
+    Work,
+    allreduce_bytes,
+    allreduce_count,
+    check_tp,
+    decode_work,
+    dense_weight_bytes_read,
+    expert_weight_bytes_read,
+    prefill_work,
+    prompt_chunks,
+)
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Calibrated constants of the step-time model (seconds and fractions of peak).
+
+    Attributes:
+        step_overhead_s: fixed cost of one engine step (scheduling, launch, sampling), s.
+        per_sequence_overhead_s: extra cost per sequence in the step, s.
+        request_overhead_s: fixed cost of one whole request outside its steps
+            (admission, detokenising, output), s; part of a measured prefill
+            wall time, not of a step.
+        weight_bandwidth_eff: fraction of peak HBM bandwidth reached streaming dense weights.
+        expert_bandwidth_eff: same for routed-expert weights (fused MoE kernels).
+        kv_bandwidth_eff: fraction of peak HBM bandwidth reached reading the KV cache.
+        matmul_peak_eff: fraction of peak bf16 FLOP/s linear layers reach with many tokens.
+        matmul_half_tokens: tokens in a step at which linear layers reach half of that.
+        attention_eff: fraction of peak bf16 FLOP/s reached by attention math.
+        smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
+        allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
+            measurement calibrated it (then 0 is used and results say so).
+        link_eff: fraction of peak interconnect bandwidth reached by all-reduce; None when
+            not calibrated (then 1.0, a lower bound on the cost, and results say so).
+        gpu: GPU the coefficients were calibrated on.
+        source: where they came from (calibration file, "synthetic", ...).
+    """
+
+    step_overhead_s: float
+    per_sequence_overhead_s: float
+    request_overhead_s: float
+    weight_bandwidth_eff: float
+    expert_bandwidth_eff: float
+    kv_bandwidth_eff: float
+    matmul_peak_eff: float
+    matmul_half_tokens: float
+    attention_eff: float
+    smoothmax_p: float
+    allreduce_latency_s: float | None = None
+    link_eff: float | None = None
+    gpu: str = ""
+    source: str = ""
+
+    @property
+    def tp_calibrated(self) -> bool:
+        """True when the all-reduce terms were fitted to TP>1 measurements."""
+        return self.allreduce_latency_s is not None and self.link_eff is not None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Coefficients":
+        names = {f.name for f in fields(cls)}
+        missing = names - set(data) - {"allreduce_latency_s", "link_eff", "gpu", "source"}
+        if missing:
+            raise ServebookError(f"coefficients file lacks {sorted(missing)}")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def smoothmax(a, b, p: float):
+    """``(a^p + b^p)^(1/p)``: equals max(a, b) as p grows, their sum at p = 1."""
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    m = np.maximum(np.maximum(a, b), 1e-300)
+    return m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Seconds of one step by term, plus the counts behind them (per GPU)."""
+
+    step_s: float
+    overhead_s: float
+    linear_s: float
+    attention_s: float
+    allreduce_s: float
+    weight_bytes: float
+    expert_bytes: float
+    kv_read_bytes: float
+    linear_flops: float
+    attention_flops: float
+    tokens: float
+    bound: str  # "memory" or "compute" for the linear layers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
+                 linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
+                 tp: int = 1) -> dict:
+    """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
+
+    Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
+    ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool).
+    """
+    bw = g.hbm_bandwidth_bytes_per_s
+    flops = g.bf16_dense_flops
+    tokens = np.asarray(tokens, dtype=float)
+    read_s = np.asarray(weight_bytes) / (bw * c.weight_bandwidth_eff) + np.asarray(expert_bytes) / (
+        bw * c.expert_bandwidth_eff)
+    matmul_eff = c.matmul_peak_eff * tokens / (tokens + c.matmul_half_tokens)
+    compute_s = np.asarray(linear_flops) / (flops * matmul_eff)
+    linear_s = smoothmax(read_s, compute_s, c.smoothmax_p)
+    attention_s = smoothmax(np.asarray(kv_read_bytes) / (bw * c.kv_bandwidth_eff),
+                            np.asarray(attention_flops) / (flops * c.attention_eff), c.smoothmax_p)
+    allreduce_s = 0.0 * tokens
+    if tp > 1:
+        link = g.interconnect_bytes_per_s * (c.link_eff if c.link_eff is not None else 1.0)
+        if link <= 0:
+            raise ServebookError(f"GPU {g.name} has no interconnect bandwidth in the catalogue; "
+                                 "tensor parallelism cannot be modelled on it")
+        per = (c.allreduce_latency_s or 0.0) + 2 * (tp - 1) / tp * np.asarray(allreduce_bytes_each) / link
+        allreduce_s = np.asarray(allreduces) * per
+    overhead_s = c.step_overhead_s + c.per_sequence_overhead_s * np.asarray(sequences, dtype=float)
+    return {"step_s": overhead_s + linear_s + attention_s + allreduce_s, "overhead_s": overhead_s,
+            "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
+            "compute_bound": compute_s > read_s}
+
+
+def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int = 1) -> StepBreakdown:
+    """Seconds of one engine step whose content is ``work`` (per GPU of a TP group)."""
+    g = gpu_numbers(gpu)
+    weights = dense_weight_bytes_read(spec, tp)
+    experts = float(expert_weight_bytes_read(spec, work.tokens, tp))
+    t = step_seconds(g, coeffs, weight_bytes=weights, expert_bytes=experts, tokens=work.tokens,
+                     sequences=work.sequences, linear_flops=work.linear_flops,
+                     kv_read_bytes=work.kv_read_bytes, attention_flops=work.attention_flops,
+                     allreduces=allreduce_count(spec, tp),
+                     allreduce_bytes_each=float(allreduce_bytes(spec, work.tokens, tp)), tp=tp)
+    return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]),
+                         linear_s=float(t["linear_s"]), attention_s=float(t["attention_s"]),
+                         allreduce_s=float(t["allreduce_s"]), weight_bytes=weights, expert_bytes=experts,
+                         kv_read_bytes=work.kv_read_bytes, linear_flops=work.linear_flops,
+                         attention_flops=work.attention_flops, tokens=work.tokens,
+                         bound="compute" if bool(t["compute_bound"]) else "memory")
+
+
+def decode_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, batch: int, context_tokens: float,
+                tp: int = 1, kv_cache_dtype: str | int = "auto", query_tokens: int = 1) -> StepBreakdown:
+    """One decode step of ``batch`` sequences whose mean context is ``context_tokens``."""
+    check_tp(spec, tp)
+    if batch < 1:
+        raise ServebookError(f"decode batch must be >= 1 sequence, got {batch}")
+    work = decode_work(spec, batch, context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                       query_tokens=query_tokens)
+    return step_time(spec, gpu, work, coeffs, tp=tp)
+
+
+def prefill_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, tokens: int, prior_tokens: int = 0,
+                 tp: int = 1, kv_cache_dtype: str | int = "auto") -> StepBreakdown:
+    """One step that prefills ``tokens`` prompt tokens of one request (after ``prior_tokens``)."""
+    check_tp(spec, tp)
+    work = prefill_work(spec, tokens, prior_tokens=prior_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
+    return step_time(spec, gpu, work, coeffs, tp=tp)
+
+
+def prefill_request_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_tokens: int,
+                      max_num_batched_tokens: int, tp: int = 1, kv_cache_dtype: str | int = "auto",
+                      include_request_overhead: bool = True) -> float:
+    """Wall seconds to prefill one prompt alone (chunked by the token budget), plus request overhead.
+
+    This is what a ``max_tokens=1`` request on an idle engine measures.
+    """
+    check_tp(spec, tp)
+    chunks = prompt_chunks(prompt_tokens, max_num_batched_tokens)
+    total = 0.0
+    for i, (n, prior) in enumerate(chunks):
+        work = prefill_work(spec, n, prior_tokens=prior, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                            last_chunk=i == len(chunks) - 1)
+        total += step_time(spec, gpu, work, coeffs, tp=tp).step_s
+    return total + (coeffs.request_overhead_s if include_request_overhead else 0.0)
+
+
+# ---------------------------------------------------------------------------
+# Calibrated coefficients shipped with the package
+
+_DATA = Path(__file__).parent / "data"
+CALIBRATION_FILE = _DATA / "calibration.json"
+
+
+def load_calibration(path: str | Path | None = None) -> dict:
+    """The calibration record (coefficients per GPU, split, held-out errors, provenance)."""
+    p = Path(path) if path else CALIBRATION_FILE
+    if not p.exists():
+        raise ServebookError(
+            f"no step-time calibration at {p}: record measurements under labs/results/step_timing/ "
+            "and run `python -m servebook.perf.calibrate` (efficiencies are never assumed)"
+        )
+    return json.loads(p.read_text())
+
+
+def calibrated_coefficients(gpu_name: str, path: str | Path | None = None) -> tuple[Coefficients, str]:
+    """Coefficients for ``gpu_name`` and a note on where they come from.
+
+    When the GPU itself was never measured, the efficiencies of the one that was
+    are used with the new GPU's peaks, and the note says so.
+    """
+    record = load_calibration(path)
+    per_gpu = record["coefficients"]
+    key = gpu_name.lower()
+    if key in per_gpu:
+        return Coefficients.from_dict(per_gpu[key]), f"calibrated on {key}"
+    measured = sorted(per_gpu)
+    if not measured:
+        raise ServebookError("the calibration file holds no coefficients")
+    src = measured[0]
+    return (Coefficients.from_dict(per_gpu[src]),
+            f"efficiencies calibrated on {src}, applied to {key}'s peak figures (not measured on {key})")

@@ -1,0 +1,297 @@
+"""What one engine step moves and computes: bytes read from HBM and FLOPs, per GPU.
+
+This is the physics half of the step-time model: counts derived from a
+:class:`~servebook.model_spec.ModelSpec` and the shape of a step, with no
+efficiency factors. :mod:`servebook.perf.model` turns the counts into seconds
+with coefficients calibrated from measurements.
+
+Conventions (all per GPU of a tensor-parallel group of ``tp`` GPUs):
+
+* Weights are sharded ``1/tp``. A step reads every non-expert weight once,
+  whatever the batch, except the input embedding (a row gather) unless it is
+  tied to the LM head.
+* MoE: a step with ``T`` tokens reads only the experts the batch touches. With
+  uniform routing of top-``k`` out of ``E`` experts, the expected number of
+  distinct experts per MoE layer is ``E * (1 - (1 - k/E)**T)``.
+* Linear-layer FLOPs are ``2 x (active params - embedding - LM head)`` per token,
+  plus ``2 x vocab x hidden`` for every token whose logits are computed (every
+  decode token; only the last token of a prefill).
+* Attention FLOPs per query token and layer are ``2 x q_heads x (d_k + d_v) x keys``,
+  keys being the context it attends (capped at the window on sliding layers;
+  causal inside a prefill chunk).
+* KV bytes read per decode sequence and layer are ``context x kv elements x dtype
+  bytes`` (capped at the window on sliding layers); KV heads are sharded across TP
+  ranks when ``tp <= kv_heads`` and replicated (one head per rank) beyond; an MLA
+  latent is replicated on every rank.
+* Tensor parallelism adds two all-reduces per layer of ``tokens x hidden x 2`` bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from servebook.errors import ServebookError
+from servebook.model_spec import AttentionLayer, ModelSpec
+
+#: Bytes per element of the KV cache for the ``--kv-cache-dtype`` values vLLM accepts.
+KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+#: Bytes per activation element moved by a TP all-reduce (bf16 activations).
+ACTIVATION_BYTES = 2
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | int) -> int:
+    """Bytes per KV element for a vLLM ``kv_cache_dtype`` name (or a byte count)."""
+    if isinstance(kv_cache_dtype, int):
+        if kv_cache_dtype not in (1, 2, 4):
+            raise ServebookError(f"KV element size {kv_cache_dtype} bytes is not 1, 2 or 4")
+        return kv_cache_dtype
+    try:
+        return KV_DTYPE_BYTES[str(kv_cache_dtype).lower()]
+    except KeyError:
+        raise ServebookError(
+            f"unknown kv_cache_dtype {kv_cache_dtype!r}; use one of {sorted(KV_DTYPE_BYTES)}"
+        ) from None
+
+
+def check_tp(spec: ModelSpec, tp: int) -> None:
+    """Raise a ServebookError when vLLM could not shard ``spec`` over ``tp`` GPUs.
+
+    vLLM requires the query heads to divide evenly over the TP ranks, and the KV
+    heads either to divide evenly or to be replicated (``tp`` a multiple of them).
+    """
+    if not isinstance(tp, int) or tp < 1:
+        raise ServebookError(f"tensor parallel size must be a positive integer, got {tp!r}")
+    heads = spec.num_attention_heads
+    if heads % tp:
+        ok = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]
+        raise ServebookError(
+            f"tensor parallel size {tp} does not divide {spec.name}'s {heads} attention heads; "
+            f"choose --tp from {ok}"
+        )
+    for i, layer in enumerate(spec.layers):
+        if layer.kind == "mla":
+            continue
+        kv = layer.num_kv_heads
+        if kv % tp and tp % kv:
+            raise ServebookError(
+                f"tensor parallel size {tp} neither divides nor is a multiple of the "
+                f"{kv} KV heads of layer {i}; choose a --tp that divides {kv} or is a multiple of it"
+            )
+
+
+def kv_heads_per_gpu(layer: AttentionLayer, tp: int) -> float:
+    """KV heads one TP rank holds for ``layer`` (replicated when ``tp`` exceeds them)."""
+    if layer.kind == "mla":
+        return 1.0
+    return max(layer.num_kv_heads / tp, 1.0)
+
+
+def kv_elements_per_token_per_gpu(layer: AttentionLayer, tp: int) -> float:
+    """KV elements per token one TP rank stores/reads for ``layer``."""
+    if layer.kind == "mla":
+        return float(layer.head_dim)
+    return kv_heads_per_gpu(layer, tp) * (layer.head_dim + layer.v_head_dim)
+
+
+def _attention_dims(spec: ModelSpec, layer: AttentionLayer) -> int:
+    """``d_k + d_v`` of one query head (K=V sharing reuses the K width for V)."""
+    if layer.kind == "mla":
+        return 2 * layer.head_dim
+    return layer.head_dim + (layer.v_head_dim or layer.head_dim)
+
+
+def causal_keys(prior_tokens, new_tokens, window: int | None):
+    """Keys attended in total by ``new_tokens`` queries appended after ``prior_tokens``.
+
+    Query ``i`` (1-based position ``prior + i``) attends ``min(prior + i, window)``
+    keys. Closed form, vectorised over numpy arrays.
+    """
+    p = np.asarray(prior_tokens, dtype=float)
+    n = np.asarray(new_tokens, dtype=float)
+    full = n * p + n * (n + 1) / 2
+    if window is None:
+        return full
+    w = float(window)
+    # positions p+1 .. p+n; those <= w contribute their position, the rest w.
+    k = np.clip(w - p, 0, n)  # number of queries whose position is <= w
+    below = k * p + k * (k + 1) / 2
+    return below + (n - k) * w
+
+
+def _head_params(spec: ModelSpec) -> int:
+    return spec.vocab_size * spec.hidden_size
+
+
+def _bytes_per_param(spec: ModelSpec) -> float:
+    return spec.weight_bytes / max(spec.params.total, 1)
+
+
+def matmul_params_per_token(spec: ModelSpec) -> int:
+    """Parameters in linear layers one token runs through, excluding embedding and LM head."""
+    head_and_embedding = spec.params.embedding + (spec.params.lm_head or 0)
+    return spec.params.active - head_and_embedding
+
+
+def expected_distinct_experts(spec: ModelSpec, tokens) -> np.ndarray:
+    """Expected distinct routed experts per MoE layer touched by ``tokens`` tokens (uniform routing)."""
+    t = np.asarray(tokens, dtype=float)
+    if spec.moe is None:
+        return np.zeros_like(t)
+    e, k = spec.moe.num_experts, spec.moe.experts_per_token
+    return e * (1.0 - (1.0 - k / e) ** t)
+
+
+def dense_weight_bytes_read(spec: ModelSpec, tp: int = 1) -> float:
+    """Non-expert weight bytes one GPU reads per step (embedding gather excluded unless tied)."""
+    expert_bytes = spec.params.experts * _bytes_per_param(spec)
+    embedding_bytes = 0.0 if spec.tie_word_embeddings else spec.params.embedding * _bytes_per_param(spec)
+    return (spec.weight_bytes - expert_bytes - embedding_bytes) / tp
+
+
+def expert_weight_bytes_read(spec: ModelSpec, tokens, tp: int = 1) -> np.ndarray:
+    """Routed-expert weight bytes one GPU reads in a step of ``tokens`` tokens."""
+    if spec.moe is None:
+        return np.zeros_like(np.asarray(tokens, dtype=float))
+    per_expert = spec.moe.params_per_expert * _bytes_per_param(spec)
+    layers = len(spec.moe.moe_layer_indices)
+    return expected_distinct_experts(spec, tokens) * per_expert * layers / tp
+
+
+@dataclass(frozen=True)
+class Work:
+    """Additive content of a step, per GPU (weights are added once per step by the model).
+
+    Attributes:
+        tokens: tokens scheduled (prefill tokens + decode query tokens).
+        sequences: sequences in the step.
+        sampled_tokens: tokens whose logits are computed.
+        linear_flops: FLOPs in linear layers including the LM head for sampled tokens.
+        attention_flops: FLOPs of QK^T and PV.
+        kv_read_bytes: KV-cache bytes read by attention.
+    """
+
+    tokens: float = 0.0
+    sequences: float = 0.0
+    sampled_tokens: float = 0.0
+    linear_flops: float = 0.0
+    attention_flops: float = 0.0
+    kv_read_bytes: float = 0.0
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def scaled(self, factor: float) -> "Work":
+        return Work(*(a * factor for a in self.astuple()))
+
+    def astuple(self) -> tuple[float, ...]:
+        return (self.tokens, self.sequences, self.sampled_tokens, self.linear_flops,
+                self.attention_flops, self.kv_read_bytes)
+
+
+def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
+                kv_cache_dtype: str | int = "auto", query_tokens: int = 1,
+                context_weights=None) -> Work:
+    """Work of ``batch`` decoding sequences, per GPU.
+
+    Args:
+        batch: running sequences.
+        context_tokens: context of a sequence (tokens already in its KV cache); an
+            array with ``context_weights`` describes a distribution (the mean of the
+            per-sequence work is used, so sliding windows are capped per sequence).
+        query_tokens: new tokens per sequence this step (1 + drafts when verifying
+            speculative tokens).
+    """
+    ctx = np.atleast_1d(np.asarray(context_tokens, dtype=float))
+    if np.any(ctx < 0):
+        raise ServebookError("context must be >= 0 tokens")
+    w = np.ones_like(ctx) if context_weights is None else np.asarray(context_weights, dtype=float)
+    w = w / w.sum()
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    kv_bytes = 0.0
+    attn_flops = 0.0
+    for layer in spec.layers:
+        keys = ctx if layer.sliding_window is None else np.minimum(ctx, layer.sliding_window)
+        mean_keys = float(np.dot(w, keys))
+        kv_bytes += mean_keys * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+        q_heads = spec.num_attention_heads / tp
+        # each of the q query tokens attends (about) the whole context
+        attn_flops += 2 * q_heads * _attention_dims(spec, layer) * (mean_keys + (query_tokens + 1) / 2) * query_tokens
+    tokens = batch * query_tokens
+    linear = 2.0 * (matmul_params_per_token(spec) * tokens + _head_params(spec) * tokens) / tp
+    return Work(tokens=tokens, sequences=batch, sampled_tokens=tokens, linear_flops=linear,
+                attention_flops=attn_flops * batch, kv_read_bytes=kv_bytes * batch)
+
+
+def prefill_work(spec: ModelSpec, tokens, *, prior_tokens=0, tp: int = 1,
+                 kv_cache_dtype: str | int = "auto", last_chunk: bool = True) -> Work:
+    """Work of one prefill chunk of ``tokens`` tokens after ``prior_tokens`` cached ones, per GPU.
+
+    The chunk attends causally to itself and to the prior tokens (window-capped on
+    sliding layers); its logits are computed for its last token only when it is
+    the prompt's last chunk.
+    """
+    n = float(tokens)
+    p = float(prior_tokens)
+    if n < 1 or p < 0:
+        raise ServebookError(f"a prefill chunk needs >= 1 token and >= 0 prior tokens, got {tokens}, {prior_tokens}")
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    attn_flops = 0.0
+    kv_bytes = 0.0
+    for layer in spec.layers:
+        keys = float(causal_keys(p, n, layer.sliding_window))
+        attn_flops += 2 * (spec.num_attention_heads / tp) * _attention_dims(spec, layer) * keys
+        prior_read = p if layer.sliding_window is None else min(p, layer.sliding_window)
+        # read prior KV once, write the chunk's own KV once
+        kv_bytes += (prior_read + n) * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+    sampled = 1.0 if last_chunk else 0.0
+    linear = 2.0 * (matmul_params_per_token(spec) * n + _head_params(spec) * sampled) / tp
+    return Work(tokens=n, sequences=1.0, sampled_tokens=sampled, linear_flops=linear,
+                attention_flops=attn_flops, kv_read_bytes=kv_bytes)
+
+
+def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """``(tokens, prior_tokens)`` of each chunk when a prompt is prefilled ``chunk_tokens`` at a time."""
+    if chunk_tokens < 1:
+        raise ServebookError("the prefill chunk (max-num-batched-tokens) must be >= 1 token")
+    out, done = [], 0
+    while done < prompt_tokens:
+        n = min(chunk_tokens, prompt_tokens - done)
+        out.append((n, done))
+        done += n
+    return out
+
+
+def allreduce_count(spec: ModelSpec, tp: int) -> int:
+    """All-reduces per forward pass under tensor parallelism (attention and MLP output per layer)."""
+    return 0 if tp == 1 else 2 * spec.num_layers
+
+
+def allreduce_bytes(spec: ModelSpec, tokens, tp: int):
+    """Bytes one all-reduce moves: a ``tokens x hidden`` activation in bf16 (0 when ``tp == 1``)."""
+    if tp == 1:
+        return 0.0 * np.asarray(tokens, dtype=float)
+    return np.asarray(tokens, dtype=float) * spec.hidden_size * ACTIVATION_BYTES
+
+
+def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
+                          kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0):
+    """KV bytes one GPU holds for one sequence of ``context_tokens`` tokens.
+
+    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens (vLLM
+    keeps a chunk's worth beyond the window; pass max-num-batched-tokens). Layers
+    that reuse another layer's cache hold nothing. Block rounding is ignored
+    (:mod:`servebook.kv_cache` models vLLM's pages exactly).
+    """
+    ctx = np.asarray(context_tokens, dtype=float)
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    total = np.zeros_like(ctx)
+    for layer in spec.layers:
+        if not layer.owns_cache:
+            continue
+        held = ctx if layer.sliding_window is None else np.minimum(
+            ctx, layer.sliding_window - 1 + sliding_extra_tokens)
+        total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+    return total
