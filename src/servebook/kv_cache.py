@@ -1,0 +1,622 @@
+"""KV-cache pages, blocks and capacity, computed the way vLLM 0.27.1 does.
+
+The engine turns "bytes left for the KV cache" into a number of blocks and
+prints two lines at start-up::
+
+    GPU KV cache size: 682,625 tokens
+    Maximum concurrency for 2,000 tokens per request: 341.31x
+
+This module reproduces that arithmetic from a :class:`~servebook.model_spec.ModelSpec`.
+Every rule below mirrors a function of the pinned release (file and function
+named in each docstring; paths are relative to the ``vllm`` package). The
+arithmetic is integer and exact: given the engine's own available-memory
+figure, :func:`capacity` gives the engine's block count, token count and
+concurrency, not an approximation of them.
+
+The steps, in the order the engine takes them:
+
+1. One cache spec per decoder layer that owns a cache
+   (``Attention.get_kv_cache_spec`` in
+   ``model_executor/layers/attention/attention.py``):
+
+   * full attention: page = ``block_size x kv_heads x (head_dim + v_head_dim) x dtype bytes``
+     (``FullAttentionSpec.real_page_size_bytes``, ``v1/kv_cache_interface.py``);
+   * sliding window: the same page formula, but the layer picks the *smallest
+     kernel block size* of its backend (16 for FLASH_ATTN, TRITON_ATTN and
+     CPU_ATTN), not ``--block-size`` (``_largest_kernel_block_within``);
+   * MLA: one latent of ``kv_lora_rank + qk_rope_head_dim`` per token, no K/V
+     split and a single "head" (``MLAAttentionSpec.real_page_size_bytes``).
+
+   KV heads per GPU are ``max(1, kv_heads // tp)``: sharded, or replicated when
+   ``tp`` exceeds the KV heads (``ModelConfig.get_num_kv_heads`` in
+   ``config/model.py``). MLA keeps one latent per token on every rank.
+2. Page sizes are unified by enlarging the block size of layers with smaller
+   pages (``unify_kv_cache_spec_page_size``, ``v1/core/kv_cache_utils.py``).
+3. Layers are grouped (``get_kv_cache_groups``): identical specs form one
+   group; otherwise layers of each kind are split into groups of equal size,
+   padding the last group of a kind and warning
+   ``Add N padding layers, may waste at most P% KV cache memory``
+   (``_get_kv_cache_groups_uniform_page_size``).
+4. ``num_blocks = available // page_size // group_size``
+   (``get_num_blocks`` via ``get_kv_cache_config_from_groups``).
+5. A request of ``max_model_len`` tokens needs, summed over groups, the blocks
+   its spec can hold at most (``get_max_concurrency_for_kv_cache_config``):
+   ``cdiv(max_model_len, block_size)`` for full attention and MLA, and
+   ``cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1`` for
+   sliding windows, where ``in_flight = max_concurrent_batches x
+   max_num_batched_tokens`` (2 batches with async scheduling, else 1;
+   ``VllmConfig.max_in_flight_tokens`` in ``config/vllm.py`` and
+   ``SlidingWindowSpec.max_admission_blocks_per_request``).
+6. ``max_concurrency = num_blocks / blocks_per_request`` and the logged
+   ``GPU KV cache size`` is ``int(max_concurrency x max_model_len)``
+   (``get_kv_cache_capacity``). For a pure full-attention model this is close
+   to ``num_blocks x block_size``; for hybrid or sliding-window models it is the
+   context the pool serves at peak, not the number of physical token slots.
+
+vLLM 0.26.0 computes the same numbers (its ``get_max_concurrency_for_kv_cache_config``
+divides summed bytes by the page size; each group's maximum is a whole number
+of pages, so the quotient is identical).
+
+Units: ``*_bytes`` are bytes, ``*_tokens`` tokens; all figures are per GPU
+(per tensor-parallel rank) unless a name says otherwise.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.model_spec import AttentionLayer, ModelSpec
+
+Device = Literal["cuda", "cpu"]
+
+#: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``config/cache.py``); CUDA attention
+#: backends (FLASH_ATTN, FLASH_ATTN_MLA on Hopper, TRITON_ATTN) accept it.
+CUDA_DEFAULT_BLOCK_SIZE = 16
+#: ``CpuPlatform.check_and_update_config`` (``platforms/cpu.py``) sets 128
+#: unless ``--block-size`` is given.
+CPU_DEFAULT_BLOCK_SIZE = 128
+#: Smallest kernel block size of FLASH_ATTN / TRITON_ATTN / CPU_ATTN
+#: (``get_supported_kernel_block_sizes`` returns ``MultipleOf(16)``); sliding
+#: window layers take it as their own block size.
+SLIDING_KERNEL_BLOCK_SIZE = 16
+#: Every attention backend the book targets needs block sizes that are
+#: multiples of 16 (``MultipleOf(16)``); FlashMLA needs exactly 64.
+BLOCK_SIZE_MULTIPLE = 16
+#: ``--block-size`` is bounded by the CLI choices of older releases and by
+#: the kernels; we accept multiples of 16 up to this many tokens.
+MAX_BLOCK_SIZE = 1024
+
+#: Bytes per KV element for each ``--kv-cache-dtype`` the book discusses.
+#: ``"auto"`` means the model dtype; vLLM serves float32 checkpoints in
+#: bfloat16 (``_get_and_verify_dtype`` in ``config/model.py``), so it is 2.
+#: fp8 variants are stored as ``torch.uint8`` (``STR_DTYPE_TO_TORCH_DTYPE``,
+#: ``utils/torch_utils.py``).
+KV_DTYPE_BYTES: dict[str, int] = {
+    "auto": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int:
+    """Bytes per cached element for ``--kv-cache-dtype`` (``"auto"`` = 2 bytes)."""
+    try:
+        return KV_DTYPE_BYTES[kv_cache_dtype]
+    except KeyError:
+        allowed = ", ".join(KV_DTYPE_BYTES)
+        raise ServebookError(
+            f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use one of: {allowed}"
+        ) from None
+
+
+def default_block_size(device: Device = "cuda") -> int:
+    """Tokens per block vLLM 0.27.1 picks when ``--block-size`` is not given.
+
+    16 on CUDA (``CacheConfig.DEFAULT_BLOCK_SIZE``; FLASH_ATTN keeps it via
+    ``AttentionBackend.get_preferred_block_size``), 128 on CPU
+    (``CpuPlatform.check_and_update_config``). Backends that need another size
+    (FlashMLA: 64, CUTLASS MLA on Blackwell: 128) log
+    ``Setting kv cache block size to N for X backend``; pass that ``N`` here.
+    """
+    if device == "cpu":
+        return CPU_DEFAULT_BLOCK_SIZE
+    if device == "cuda":
+        return CUDA_DEFAULT_BLOCK_SIZE
+    raise ServebookError(f"device {device!r} is not supported; use 'cuda' or 'cpu'")
+
+
+def default_async_scheduling(device: Device = "cuda") -> bool:
+    """Whether 0.27.1 turns async scheduling on by default.
+
+    On for CUDA (``VllmConfig.__post_init__`` sets it when nothing is
+    incompatible), forced off on CPU (``CpuPlatform.check_and_update_config``).
+    """
+    return device == "cuda"
+
+
+def _check_block_size(block_size: int) -> None:
+    if (
+        not isinstance(block_size, int)
+        or block_size <= 0
+        or block_size % BLOCK_SIZE_MULTIPLE
+        or block_size > MAX_BLOCK_SIZE
+    ):
+        raise ServebookError(
+            f"block_size {block_size!r} is not allowed; use a multiple of "
+            f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} tokens"
+        )
+
+
+def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
+    """Raise unless ``tp`` splits the model's heads the way vLLM requires.
+
+    vLLM needs the query heads divisible by ``tp``
+    (``ModelConfig.verify_with_parallel_config``) and, per layer, either the KV
+    heads divisible by ``tp`` or ``tp`` divisible by the KV heads (replication),
+    as the attention modules assert (e.g. ``LlamaAttention.__init__``).
+    """
+    if not isinstance(tp, int) or tp < 1:
+        raise ServebookError(f"tensor parallel size {tp!r} is not allowed; use an integer >= 1")
+    valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if _tp_ok(spec, t)]
+    if not _tp_ok(spec, tp):
+        raise ServebookError(
+            f"tensor parallel size {tp} does not divide the heads of {spec.name} "
+            f"({spec.num_attention_heads} query heads); use one of {valid}"
+        )
+
+
+def _tp_ok(spec: ModelSpec, tp: int) -> bool:
+    if spec.num_attention_heads % tp:
+        return False
+    for layer in spec.layers:
+        if layer.kind == "mla" or not layer.owns_cache:
+            continue
+        h = layer.num_kv_heads
+        if h >= tp and h % tp:
+            return False
+        if h < tp and tp % h:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class LayerCacheSpec:
+    """The cache of one decoder layer on one GPU, as vLLM specifies it.
+
+    Attributes:
+        layer_index: decoder layer (0-based).
+        kind: ``"full"``, ``"sliding"`` or ``"mla"``.
+        block_size: tokens per block for this layer (after page unification).
+        kv_heads: KV heads stored on this GPU (1 for MLA).
+        head_dim: K head size (MLA: latent width) in elements.
+        v_head_dim: V head size in elements (0 for MLA: no separate V).
+        dtype_bytes: bytes per cached element.
+        sliding_window: window in tokens for sliding layers, else None.
+    """
+
+    layer_index: int
+    kind: str
+    block_size: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype_bytes: int
+    sliding_window: int | None = None
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token occupies in this layer on this GPU."""
+        return self.kv_heads * (self.head_dim + self.v_head_dim) * self.dtype_bytes
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of this layer (``*Spec.page_size_bytes``)."""
+        return self.block_size * self.bytes_per_token
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Blocks one request of ``max_model_len`` tokens may hold in this layer.
+
+        Full/MLA: ``FullAttentionSpec.max_memory_usage_bytes`` / page.
+        Sliding: ``SlidingWindowSpec.max_admission_blocks_per_request``: the last
+        ``window - 1`` tokens plus everything still in flight, capped at the
+        context, plus one block because the window need not start on a block
+        boundary.
+        """
+        if self.kind == "sliding":
+            assert self.sliding_window is not None
+            held = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
+            return _cdiv(held, self.block_size) + 1
+        return _cdiv(max_model_len, self.block_size)
+
+    def _key(self) -> tuple:
+        """Everything that makes two layer specs equal in vLLM (not the index)."""
+        return (
+            self.kind,
+            self.block_size,
+            self.kv_heads,
+            self.head_dim,
+            self.v_head_dim,
+            self.dtype_bytes,
+            self.sliding_window,
+        )
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """A KV cache group: layers sharing one block table.
+
+    Attributes:
+        kind: attention kind of every layer in the group.
+        layer_indices: the real decoder layers in the group.
+        num_padding_layers: empty slots added so every group has
+            ``group_size`` layers (vLLM's padding layers).
+        spec: the (shared) cache spec of the group's layers.
+    """
+
+    kind: str
+    layer_indices: tuple[int, ...]
+    num_padding_layers: int
+    spec: LayerCacheSpec
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """How vLLM lays out the KV cache of a model on one GPU.
+
+    Attributes:
+        layers: one spec per cache-owning decoder layer (after unification).
+        groups: the KV cache groups.
+        group_size: layers per group; the number of shared cache tensors.
+        page_size_bytes: bytes of one block of one layer (uniform after
+            unification), or for the single-group mixed-shape case the sum of
+            all layers' pages.
+        uniform_type: True for vLLM's ``UniformTypeKVCacheSpecs`` case (all
+            layers need the same slots but have different shapes); blocks then
+            cost the sum of every layer's page.
+        padding_warnings: ``(padding layers, waste %)`` per attention kind that
+            needed padding, as the engine's warning prints them.
+        tp: tensor-parallel size the layout is for.
+        kv_cache_dtype: the ``--kv-cache-dtype`` value.
+    """
+
+    layers: tuple[LayerCacheSpec, ...]
+    groups: tuple[CacheGroup, ...]
+    group_size: int
+    page_size_bytes: int
+    uniform_type: bool
+    padding_warnings: tuple[tuple[int, float], ...]
+    tp: int
+    kv_cache_dtype: str
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block id costs across all shared tensors (the divisor of ``num_blocks``)."""
+        if self.uniform_type:
+            return self.page_size_bytes
+        return self.page_size_bytes * self.group_size
+
+    @property
+    def block_size(self) -> int:
+        """The engine's block size after grouping: the smallest group block size.
+
+        ``EngineCore._initialize_kv_caches`` sets ``cache_config.block_size`` to
+        this (``v1/engine/core.py``).
+        """
+        return min(g.spec.block_size for g in self.groups)
+
+    @property
+    def padding_layers(self) -> int:
+        """Padding layers added in total (0 when the warning is not printed)."""
+        return sum(n for n, _ in self.padding_warnings)
+
+    @property
+    def padding_waste_pct(self) -> float:
+        """The largest "may waste at most P%" figure the engine warns about (0.0 if none)."""
+        return max((p for _, p in self.padding_warnings), default=0.0)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token occupies on one GPU summed over cache-owning layers.
+
+        This is the full-context figure: it ignores what sliding windows save
+        and what padding wastes; :func:`capacity` accounts for both.
+        """
+        return sum(layer.bytes_per_token for layer in self.layers)
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Block ids one request of ``max_model_len`` tokens may hold, all groups together."""
+        if self.uniform_type:
+            return max(l.blocks_per_request(max_model_len, in_flight_tokens) for l in self.layers)
+        return sum(g.spec.blocks_per_request(max_model_len, in_flight_tokens) for g in self.groups)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _layer_spec(
+    index: int, layer: AttentionLayer, *, block_size: int, dtype_bytes: int, tp: int
+) -> LayerCacheSpec:
+    if layer.kind == "mla":
+        # MLAAttentionSpec: one latent, no V, one "head"; replicated on every rank.
+        return LayerCacheSpec(index, "mla", block_size, 1, layer.head_dim, 0, dtype_bytes)
+    kv_heads = max(1, layer.num_kv_heads // tp)
+    # vLLM caches a V slot even when a model shares K and V (Gemma 4 global
+    # layers load K weights into both slots), so v_head_dim 0 means "same as K".
+    v_dim = layer.v_head_dim or layer.head_dim
+    if layer.kind == "sliding":
+        if not layer.sliding_window or layer.sliding_window < 1:
+            raise ServebookError(
+                f"layer {index} is 'sliding' but has no positive sliding_window; fix the config"
+            )
+        return LayerCacheSpec(
+            index, "sliding", SLIDING_KERNEL_BLOCK_SIZE, kv_heads, layer.head_dim, v_dim,
+            dtype_bytes, layer.sliding_window,
+        )
+    if layer.kind == "full":
+        return LayerCacheSpec(index, "full", block_size, kv_heads, layer.head_dim, v_dim, dtype_bytes)
+    raise ServebookError(f"layer {index} has unknown attention kind {layer.kind!r}")
+
+
+def _unify_page_sizes(layers: Sequence[LayerCacheSpec]) -> list[LayerCacheSpec]:
+    """``unify_kv_cache_spec_page_size``: scale smaller pages up by whole ratios."""
+    pages = {l.page_size_bytes for l in layers}
+    if len(pages) <= 1:
+        return list(layers)
+    largest = max(pages)
+    out = []
+    for l in layers:
+        if l.page_size_bytes == largest:
+            out.append(l)
+        elif largest % l.page_size_bytes == 0:
+            ratio = largest // l.page_size_bytes
+            out.append(_replace_block_size(l, l.block_size * ratio))
+        else:
+            raise ServebookError(
+                f"layer {l.layer_index}: its KV page ({l.page_size_bytes} bytes) does not divide "
+                f"the largest page ({largest} bytes), which vLLM 0.27.1 cannot unify for this "
+                "backend; try another --block-size or --kv-cache-dtype"
+            )
+    return out
+
+
+def _replace_block_size(l: LayerCacheSpec, block_size: int) -> LayerCacheSpec:
+    return LayerCacheSpec(
+        l.layer_index, l.kind, block_size, l.kv_heads, l.head_dim, l.v_head_dim,
+        l.dtype_bytes, l.sliding_window,
+    )
+
+
+def kv_cache_layout(
+    spec: ModelSpec,
+    *,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
+    tp: int = 1,
+    device: Device = "cuda",
+) -> KVCacheLayout:
+    """Group a model's layers into KV cache groups as vLLM 0.27.1 does.
+
+    Args:
+        spec: the model.
+        block_size: ``--block-size`` in tokens; None for the device default
+            (:func:`default_block_size`).
+        kv_cache_dtype: ``--kv-cache-dtype`` (``"auto"``, ``"fp8"``, ...).
+        tp: tensor-parallel size (KV heads per GPU = ``max(1, heads // tp)``).
+        device: ``"cuda"`` or ``"cpu"`` (only the default block size differs).
+
+    Mirrors ``get_kv_cache_groups`` (``v1/core/kv_cache_utils.py``): the
+    uniform case (every layer identical) gives one group of all layers; the
+    same-slots case (all full attention, shapes differ) gives one group whose
+    block costs the sum of pages (``UniformTypeKVCacheSpecs``); otherwise pages
+    are unified and layers split into equal-size groups with padding
+    (``_get_kv_cache_groups_uniform_page_size``).
+    """
+    bs = default_block_size(device) if block_size is None else block_size
+    _check_block_size(bs)
+    check_tensor_parallel(spec, tp)
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    layers = [
+        _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp)
+        for i, layer in enumerate(spec.layers)
+        if layer.owns_cache
+    ]
+    if not layers:
+        raise ServebookError(f"{spec.name} has no layer that owns a KV cache; nothing to size")
+
+    common = dict(tp=tp, kv_cache_dtype=kv_cache_dtype)
+    # 1. Every layer identical (is_kv_cache_spec_uniform): one group.
+    if len({l._key() for l in layers}) == 1:
+        group = CacheGroup(layers[0].kind, tuple(l.layer_index for l in layers), 0, layers[0])
+        return KVCacheLayout(
+            tuple(layers), (group,), len(layers), layers[0].page_size_bytes, False, (), **common
+        )
+    # 2. Same kind and block size, shapes differ (UniformTypeKVCacheSpecs.from_specs):
+    #    all full-attention-like layers, or all sliding layers with one window.
+    kinds = {("full" if l.kind in ("full", "mla") else l.kind, l.sliding_window) for l in layers}
+    if len(kinds) == 1 and len({l.block_size for l in layers}) == 1:
+        group = CacheGroup(layers[0].kind, tuple(l.layer_index for l in layers), 0, layers[0])
+        page_sum = sum(l.page_size_bytes for l in layers)
+        return KVCacheLayout(tuple(layers), (group,), 1, page_sum, True, (), **common)
+    # 3. Hybrid: unify pages, bucket identical specs, split into equal groups.
+    layers = _unify_page_sizes(layers)
+    buckets: dict[tuple, list[LayerCacheSpec]] = {}
+    for l in layers:
+        buckets.setdefault(l._key(), []).append(l)
+    sizes = [len(b) for b in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < min(sizes) * 1.5:
+        group_size = max(sizes)
+    groups: list[CacheGroup] = []
+    warnings: list[tuple[int, float]] = []
+    for members in buckets.values():
+        padding = group_size - len(members) % group_size
+        if padding != group_size:
+            warnings.append((padding, round(padding / len(members) * 100, 2)))
+        n_groups = _cdiv(len(members), group_size)
+        for i in range(n_groups):
+            chunk = members[i::n_groups]
+            groups.append(
+                CacheGroup(
+                    chunk[0].kind,
+                    tuple(l.layer_index for l in chunk),
+                    group_size - len(chunk),
+                    chunk[0],
+                )
+            )
+    return KVCacheLayout(
+        tuple(layers), tuple(groups), group_size, layers[0].page_size_bytes, False,
+        tuple(warnings), **common,
+    )
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the engine logs about its KV cache, predicted.
+
+    Attributes:
+        num_gpu_blocks: block ids in the pool (per GPU; all ranks agree).
+        kv_cache_tokens: the ``GPU KV cache size: N tokens`` figure,
+            ``int(max_concurrency x max_model_len)``.
+        max_concurrency: the ``Maximum concurrency for M tokens per request``
+            figure (unrounded; the log shows two decimals).
+        blocks_per_request: block ids one ``max_model_len`` request may hold.
+        max_model_len: context length the figures are for, tokens.
+        in_flight_tokens: tokens the engine reserves as in flight for sliding
+            windows (``max_concurrent_batches x max_num_batched_tokens``).
+        available_kv_bytes: the budget the blocks were carved from, bytes per GPU.
+        layout: the grouping behind the numbers.
+    """
+
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    blocks_per_request: int
+    max_model_len: int
+    in_flight_tokens: int
+    available_kv_bytes: int
+    layout: KVCacheLayout
+
+    @property
+    def padding_layers(self) -> int:
+        """Padding layers vLLM adds (see :attr:`KVCacheLayout.padding_layers`)."""
+        return self.layout.padding_layers
+
+    @property
+    def padding_waste_pct(self) -> float:
+        """Worst-case padding waste the engine warns about, percent."""
+        return self.layout.padding_waste_pct
+
+    @property
+    def block_size(self) -> int:
+        """Engine block size after grouping, tokens."""
+        return self.layout.block_size
+
+    @property
+    def used_kv_bytes(self) -> int:
+        """Bytes the allocated blocks occupy (at most ``available_kv_bytes``)."""
+        return self.num_gpu_blocks * self.layout.bytes_per_block
+
+
+def min_kv_bytes_for_one_request(layout: KVCacheLayout, max_model_len: int, in_flight_tokens: int) -> int:
+    """KV bytes per GPU needed to admit one request of ``max_model_len`` tokens.
+
+    Mirrors ``_max_memory_usage_bytes_from_groups`` (``v1/core/kv_cache_utils.py``),
+    which the engine checks before allocating and which counts padding slots.
+    """
+    if layout.uniform_type:
+        return sum(
+            l.blocks_per_request(max_model_len, in_flight_tokens) * l.page_size_bytes
+            for l in layout.layers
+        )
+    return layout.bytes_per_block * layout.blocks_per_request(max_model_len, in_flight_tokens)
+
+
+def max_model_len_that_fits(layout: KVCacheLayout, available_kv_bytes: int, in_flight_tokens: int, upper: int) -> int:
+    """Longest context (<= ``upper``) whose one request fits; 0 if none.
+
+    The binary search of ``_estimate_max_model_len_from_groups``.
+    """
+    lo, hi, best = 1, upper, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if min_kv_bytes_for_one_request(layout, mid, in_flight_tokens) <= available_kv_bytes:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def capacity(
+    spec: ModelSpec,
+    available_kv_bytes: int,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
+    tp: int = 1,
+    device: Device = "cuda",
+    async_scheduling: bool | None = None,
+) -> Capacity:
+    """Blocks, logged KV cache tokens and concurrency for a KV budget.
+
+    Args:
+        spec: the model.
+        available_kv_bytes: bytes per GPU left for the KV cache (the engine's
+            ``Available KV cache memory``, or on CPU ``VLLM_CPU_KVCACHE_SPACE`` GiB).
+        max_model_len: ``--max-model-len`` in tokens.
+        max_num_batched_tokens: ``--max-num-batched-tokens`` (tokens per step).
+        block_size: ``--block-size``; None for the device default.
+        kv_cache_dtype: ``--kv-cache-dtype``.
+        tp: tensor-parallel size.
+        device: ``"cuda"`` or ``"cpu"``.
+        async_scheduling: None for the 0.27.1 default (on for CUDA, off on CPU);
+            it doubles the in-flight tokens a sliding window reserves.
+
+    Raises:
+        DoesNotFitError: when the budget cannot hold one ``max_model_len``
+            request (the engine refuses to start; the message gives the longest
+            context that fits, as the engine's does).
+        ServebookError: for out-of-range arguments.
+    """
+    for name, value in (("max_model_len", max_model_len), ("max_num_batched_tokens", max_num_batched_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ServebookError(f"{name} {value!r} is not allowed; use a positive number of tokens")
+    if available_kv_bytes is None or available_kv_bytes <= 0:
+        raise DoesNotFitError(
+            "no memory is left for the KV cache; raise --gpu-memory-utilization, use more "
+            "GPUs (--tp) or a smaller model"
+        )
+    layout = kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device)
+    if async_scheduling is None:
+        async_scheduling = default_async_scheduling(device)
+    in_flight = (2 if async_scheduling else 1) * max_num_batched_tokens
+    available = int(available_kv_bytes)
+    needed = min_kv_bytes_for_one_request(layout, max_model_len, in_flight)
+    if needed > available:
+        longest = max_model_len_that_fits(layout, available, in_flight, max_model_len)
+        hint = f"; the longest context that fits is {longest} tokens" if longest else ""
+        raise DoesNotFitError(
+            f"one request of {max_model_len} tokens needs {needed / 2**30:.2f} GiB of KV cache "
+            f"per GPU but only {available / 2**30:.2f} GiB is available{hint}. Lower "
+            "--max-model-len, raise --gpu-memory-utilization, use fp8 KV cache or more GPUs (--tp)"
+        )
+    num_blocks = available // layout.bytes_per_block
+    per_request = layout.blocks_per_request(max_model_len, in_flight)
+    concurrency = num_blocks / per_request
+    return Capacity(
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=int(concurrency * max_model_len),
+        max_concurrency=concurrency,
+        blocks_per_request=per_request,
+        max_model_len=max_model_len,
+        in_flight_tokens=in_flight,
+        available_kv_bytes=available,
+        layout=layout,
+    )

@@ -1,0 +1,285 @@
+"""KV cache pages, groups and capacity against hand arithmetic from vLLM 0.27.1's rules.
+
+Every expected value is worked out in the test from the rule it checks (the rule is
+quoted from the vLLM source named in servebook.kv_cache), never copied from output.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.kv_cache import (
+    capacity,
+    default_block_size,
+    kv_cache_layout,
+    kv_dtype_bytes,
+    min_kv_bytes_for_one_request,
+)
+from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+
+GIB = 2**30
+
+
+def make_spec(layers, *, heads=32, name="hand-made", hidden=4096, vocab=32000) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        architecture="HandMade",
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        vocab_size=vocab,
+        max_position_embeddings=131072,
+        layers=tuple(layers),
+        params=ParamCount(0, 0, 0, 0, 0, 0, 0, 0),
+        weight_bytes=0,
+    )
+
+
+def full(kv=8, hd=128):
+    return AttentionLayer("full", kv, hd, hd)
+
+
+def sliding(window, kv=8, hd=128):
+    return AttentionLayer("sliding", kv, hd, hd, sliding_window=window)
+
+
+def mla(latent=512 + 64):
+    return AttentionLayer("mla", 1, latent, 0)
+
+
+LLAMA_8B = make_spec([full() for _ in range(32)])
+
+
+# ---- page sizes and bytes per token ---------------------------------------------------------
+
+def test_llama_8b_is_128_kib_per_token_and_one_group_of_32_layers():
+    layout = kv_cache_layout(LLAMA_8B, block_size=16)
+    # 2 (K,V) x 8 heads x 128 dims x 2 bytes x 32 layers = 131072 bytes = 128 KiB.
+    assert layout.kv_bytes_per_token == 2 * 8 * 128 * 2 * 32 == 128 * 1024
+    assert len(layout.groups) == 1 and layout.group_size == 32
+    # page of one layer: 16 tokens x 2 x 8 x 128 x 2 bytes
+    assert layout.page_size_bytes == 16 * 2 * 8 * 128 * 2 == 65536
+    assert layout.bytes_per_block == 65536 * 32
+
+
+def test_fp8_halves_the_page():
+    assert kv_dtype_bytes("fp8") == 1 and kv_dtype_bytes("auto") == 2
+    bf16 = kv_cache_layout(LLAMA_8B, block_size=16)
+    fp8 = kv_cache_layout(LLAMA_8B, block_size=16, kv_cache_dtype="fp8")
+    assert fp8.page_size_bytes * 2 == bf16.page_size_bytes
+
+
+def test_tp_shards_kv_heads_and_replicates_when_tp_exceeds_them():
+    spec = make_spec([full(kv=8) for _ in range(80)], heads=64)
+    per_token = {tp: kv_cache_layout(spec, tp=tp).kv_bytes_per_token for tp in (1, 2, 8, 16)}
+    one_head = 80 * 2 * 128 * 2  # bytes per token per KV head over 80 layers
+    assert per_token[1] == 8 * one_head
+    assert per_token[2] == 4 * one_head
+    assert per_token[8] == 1 * one_head
+    # max(1, 8 // 16) = 1: each of the 16 GPUs holds a full copy of one head.
+    assert per_token[16] == 1 * one_head
+
+
+def test_mla_latent_is_one_vector_per_token_replicated_on_every_rank():
+    spec = make_spec([mla() for _ in range(61)], heads=128)
+    # DeepSeek-V3: (512 + 64) x 2 bytes x 61 layers = 70,272 bytes, no K/V factor of 2.
+    assert kv_cache_layout(spec).kv_bytes_per_token == 576 * 2 * 61 == 70272
+    assert kv_cache_layout(spec, tp=8).kv_bytes_per_token == 70272
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused_with_the_valid_choices():
+    spec = make_spec([full(kv=8) for _ in range(4)], heads=32)
+    with pytest.raises(ServebookError, match=r"use one of \[1, 2, 4, 8, 16, 32\]"):
+        kv_cache_layout(spec, tp=3)
+
+
+def test_kv_shared_layers_own_no_cache():
+    layers = [full() for _ in range(4)] + [AttentionLayer("full", 8, 128, 128, kv_source_layer=3)] * 2
+    layout = kv_cache_layout(make_spec(layers))
+    assert layout.group_size == 4 and layout.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2
+
+
+# ---- defaults and validation ----------------------------------------------------------------
+
+def test_default_block_sizes_match_0_27_1():
+    assert default_block_size("cuda") == 16  # CacheConfig.DEFAULT_BLOCK_SIZE
+    assert default_block_size("cpu") == 128  # CpuPlatform.check_and_update_config
+
+
+@pytest.mark.parametrize("bad", [0, -16, 8, 24, 2048])
+def test_block_size_out_of_range_names_the_allowed_range(bad):
+    with pytest.raises(ServebookError, match="multiple of 16 between 16 and 1024"):
+        kv_cache_layout(LLAMA_8B, block_size=bad)
+
+
+def test_unknown_kv_dtype_lists_the_allowed_ones():
+    with pytest.raises(ServebookError, match="fp8"):
+        kv_dtype_bytes("int3")
+
+
+# ---- capacity, uniform models ---------------------------------------------------------------
+
+def test_capacity_llama_8b_by_hand():
+    available = 100 * GIB
+    cap = capacity(LLAMA_8B, available, max_model_len=8000, max_num_batched_tokens=8192, block_size=16)
+    blocks = available // (65536 * 32)  # get_num_blocks: available // page // num_layers
+    assert cap.num_gpu_blocks == blocks == 51200
+    per_request = math.ceil(8000 / 16)  # 500 blocks
+    assert cap.blocks_per_request == per_request
+    assert cap.max_concurrency == blocks / per_request == 102.4
+    assert cap.kv_cache_tokens == int(102.4 * 8000) == 819200
+
+
+def test_logged_tokens_are_concurrency_times_context_not_blocks_times_block_size():
+    # max_model_len 1000 is not a multiple of 16: a request takes 63 blocks (1008 slots).
+    cap = capacity(LLAMA_8B, 10 * GIB, max_model_len=1000, max_num_batched_tokens=2048, block_size=16)
+    blocks = 10 * GIB // (65536 * 32)
+    assert cap.num_gpu_blocks == blocks == 5120
+    assert cap.kv_cache_tokens == int(blocks / 63 * 1000) == 81269
+    assert cap.kv_cache_tokens < blocks * 16
+
+
+def test_all_sliding_model_holds_window_plus_in_flight_tokens_per_request():
+    # Mistral-7B-like: 32 layers, window 4096. Sliding layers use the kernel block size 16.
+    spec = make_spec([sliding(4096) for _ in range(32)])
+    cap = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cuda")
+    # async scheduling (CUDA default) keeps two batches in flight: 4095 + 2 x 8192 = 20479 tokens,
+    # cdiv(20479, 16) + 1 = 1281 blocks.
+    assert cap.in_flight_tokens == 2 * 8192
+    assert cap.blocks_per_request == -(-20479 // 16) + 1 == 1281
+    blocks = 20 * GIB // (16 * 2 * 8 * 128 * 2 * 32)
+    assert cap.num_gpu_blocks == blocks
+    assert cap.kv_cache_tokens == int(blocks / 1281 * 32768)
+    # On CPU async scheduling is off: one batch in flight.
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu")
+    assert cpu.blocks_per_request == -(-(4095 + 8192) // 16) + 1
+
+
+def test_sliding_window_never_holds_more_than_the_context_plus_one_block():
+    spec = make_spec([sliding(4096) for _ in range(2)])
+    cap = capacity(spec, GIB, max_model_len=1000, max_num_batched_tokens=8192, async_scheduling=False)
+    assert cap.blocks_per_request == -(-1000 // 16) + 1 == 64
+
+
+# ---- hybrid models: grouping and padding ----------------------------------------------------
+
+def gemma3_27b_like():
+    # 62 layers, every 6th global: 52 sliding (window 1024) + 10 full, 16 KV heads x 128.
+    return make_spec(
+        [full(kv=16) if (i + 1) % 6 == 0 else sliding(1024, kv=16) for i in range(62)], heads=32
+    )
+
+
+def test_gemma3_27b_pads_8_layers_and_warns_15_38_percent():
+    layout = kv_cache_layout(gemma3_27b_like())
+    # group size = min(52, 10) = 10 (52 >= 1.5 x 10); 52 sliding -> 6 groups = 60 slots -> 8 padding.
+    assert layout.group_size == 10
+    # layers[i::6]: 52 = 4 x 9 + 2 x 8 sliding layers, plus the 10 full layers in one group.
+    assert sorted(len(g.layer_indices) for g in layout.groups) == [8, 8, 9, 9, 9, 9, 10]
+    assert sum(g.num_padding_layers for g in layout.groups) == 2 * 2 + 4 * 1 == 8
+    assert layout.padding_layers == 8
+    assert layout.padding_waste_pct == round(8 / 52 * 100, 2) == 15.38
+    assert layout.bytes_per_block == layout.page_size_bytes * 10
+
+
+def test_gemma3_capacity_sums_blocks_over_groups():
+    spec = gemma3_27b_like()
+    cap = capacity(spec, 50 * GIB, max_model_len=32768, max_num_batched_tokens=8192, block_size=16)
+    page = 16 * 2 * 16 * 128 * 2  # one layer, one block
+    blocks = 50 * GIB // page // 10
+    full_blocks = 32768 // 16  # 1 full group
+    sliding_blocks = -(-(1023 + 2 * 8192) // 16) + 1  # each of 6 sliding groups
+    per_request = full_blocks + 6 * sliding_blocks
+    assert cap.num_gpu_blocks == blocks
+    assert cap.blocks_per_request == per_request
+    assert cap.kv_cache_tokens == int(blocks / per_request * 32768)
+
+
+def test_close_layer_counts_use_the_larger_group_size():
+    # 12 sliding + 13 full: 13 < 1.5 x 12, so group size 13 and one padding sliding layer.
+    layers = [sliding(128, kv=8, hd=64) for _ in range(12)] + [full(kv=8, hd=64) for _ in range(13)]
+    layout = kv_cache_layout(make_spec(layers, heads=64))
+    assert layout.group_size == 13
+    assert layout.padding_warnings == ((1, round(1 / 12 * 100, 2)),)
+
+
+def test_different_page_sizes_are_unified_by_enlarging_the_block():
+    # Gemma-4-31B-like: sliding 16 heads x 256, global 4 heads x 512 (V cached as well).
+    layers = [sliding(1024, kv=16, hd=256) for _ in range(5)] + [AttentionLayer("full", 4, 512, 0)]
+    layout = kv_cache_layout(make_spec(layers, heads=32), block_size=16)
+    sliding_page = 16 * 16 * (256 + 256) * 2
+    full_page_at_16 = 16 * 4 * (512 + 512) * 2
+    assert sliding_page == 2 * full_page_at_16
+    full_group = next(g for g in layout.groups if g.kind == "full")
+    assert full_group.spec.block_size == 32 and layout.page_size_bytes == sliding_page
+    assert layout.block_size == 16  # the engine reports the smallest group block size
+
+
+def test_cpu_hybrid_sliding_blocks_grow_to_the_cpu_block_size():
+    layers = [sliding(256, kv=2, hd=64), sliding(256, kv=2, hd=64), full(kv=2, hd=64)]
+    layout = kv_cache_layout(make_spec(layers, heads=4), device="cpu")
+    assert {g.spec.block_size for g in layout.groups} == {128}
+
+
+# ---- what does not fit ----------------------------------------------------------------------
+
+def test_budget_below_one_request_names_the_longest_context_that_fits():
+    # one 8192-token request needs 512 blocks x 2 MiB = 1 GiB; give 0.5 GiB -> 4096 tokens fit.
+    with pytest.raises(DoesNotFitError, match="longest context that fits is 4096 tokens"):
+        capacity(LLAMA_8B, GIB // 2, max_model_len=8192, max_num_batched_tokens=8192, block_size=16)
+
+
+@pytest.mark.parametrize("available", [0, -5])
+def test_no_memory_is_an_error_not_a_negative_capacity(available):
+    with pytest.raises(DoesNotFitError):
+        capacity(LLAMA_8B, available, max_model_len=1024, max_num_batched_tokens=1024)
+
+
+@pytest.mark.parametrize("field", ["max_model_len", "max_num_batched_tokens"])
+def test_non_positive_lengths_are_refused(field):
+    kwargs = {"max_model_len": 1024, "max_num_batched_tokens": 1024, field: -1}
+    with pytest.raises(ServebookError, match="positive number of tokens"):
+        capacity(LLAMA_8B, GIB, **kwargs)
+
+
+# ---- properties -----------------------------------------------------------------------------
+
+SPECS = [LLAMA_8B, gemma3_27b_like(), make_spec([sliding(4096) for _ in range(8)])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    which=st.sampled_from(range(len(SPECS))),
+    gib=st.integers(min_value=4, max_value=200),
+    extra=st.integers(min_value=0, max_value=50),
+    ctx=st.integers(min_value=16, max_value=16384),
+    more_ctx=st.integers(min_value=0, max_value=16384),
+    mnbt=st.sampled_from([512, 2048, 8192]),
+)
+def test_capacity_is_monotone_and_never_negative(which, gib, extra, ctx, more_ctx, mnbt):
+    spec = SPECS[which]
+    kw = dict(max_num_batched_tokens=mnbt, block_size=16)
+
+    def cap(mem, length):
+        try:
+            return capacity(spec, mem * GIB, max_model_len=length, **kw)
+        except DoesNotFitError:
+            return None
+
+    small, big = cap(gib, ctx), cap(gib + extra, ctx)
+    if small is not None:
+        assert big is not None
+        assert 0 <= small.num_gpu_blocks <= big.num_gpu_blocks
+        assert 0 <= small.max_concurrency <= big.max_concurrency
+        assert 0 <= small.kv_cache_tokens <= big.kv_cache_tokens
+        longer = cap(gib, ctx + more_ctx)
+        if longer is not None:
+            # more context per request: never more concurrent requests
+            assert longer.max_concurrency <= small.max_concurrency
+        # at least one request fits, and the blocks used never exceed the budget
+        assert small.max_concurrency >= 1
+        assert small.used_kv_bytes <= gib * GIB
+        assert min_kv_bytes_for_one_request(small.layout, ctx, small.in_flight_tokens) <= gib * GIB
