@@ -291,8 +291,35 @@ class _Model:
     intermediate_size: int
 
 
+#: Fields that published configs may omit because they equal the defaults of
+#: transformers' config class (e.g. google/gemma-3-27b-it's text_config has no
+#: vocab_size). Filled only when absent, exactly as transformers would.
+_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3": {  # transformers Gemma3TextConfig
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "tie_word_embeddings": True,
+    },
+}
+
+
 def _text_config(cfg: Mapping, family: str) -> tuple[dict, str]:
-    """The decoder's config: ``text_config`` for multimodal wrappers, else the top level."""
+    """The decoder's config: ``text_config`` for multimodal wrappers, else the top level.
+
+    Class defaults (:data:`_CLASS_DEFAULTS`) fill fields the file omits.
+    """
+    text, where = _raw_text_config(cfg, family)
+    for key, value in _CLASS_DEFAULTS.get(family, {}).items():
+        if text.get(key) is None:
+            text[key] = value
+    return text, where
+
+
+def _raw_text_config(cfg: Mapping, family: str) -> tuple[dict, str]:
     text = cfg.get("text_config")
     if isinstance(text, Mapping):
         return dict(text), "config.json text_config"
@@ -827,6 +854,20 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         source=where,
         raw=cfg,
     )
+
+
+def active_matmul_params(spec: ModelSpec) -> int:
+    """Parameters one token is multiplied by: ``params.active`` minus the input embedding.
+
+    The input embedding is a table lookup (one row per token, no FLOPs), so
+    compute models should use this number. When the head is tied to the
+    embedding the matrix is used as the head and stays counted. Publishers
+    differ: OpenAI (gpt-oss) and DeepSeek quote active parameters this way,
+    Mistral (Mixtral) and Qwen include the embedding (``params.active``).
+    """
+    if spec.tie_word_embeddings:
+        return spec.params.active
+    return spec.params.active - spec.params.embedding
 
 
 def mtp_params(source: str | Path | Mapping) -> int:
