@@ -1,0 +1,123 @@
+"""The start-up log parser on recorded CPU logs and on lines written from vLLM's format strings.
+
+GPU lines below are typed from the f-strings of the release named beside them
+(v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py, ...), with made-up numbers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servebook.errors import ServebookError
+from servebook.startup_log import parse_startup_log, read_startup_log
+
+FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"
+
+# vLLM 0.26.0 on a GPU, with process prefixes as the engine prints them.
+LOG_026 = """\
+INFO 11-30 05:01:02 [core.py:117] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=None
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:10 [gpu_model_runner.py:5348] Model loading took 14.99 GiB memory and 6.123456 seconds
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:20 [gpu_worker.py:561] Available KV cache memory: 107.76 GiB
+(EngineCore_DP0 pid=4242) WARNING 11-30 05:01:20 [kv_cache_utils.py:1238] Add 8 padding layers, may waste at most 15.38% KV cache memory
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:20 [kv_cache_utils.py:2177] GPU KV cache size: 882,768 tokens
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:20 [kv_cache_utils.py:2179] Maximum concurrency for 32,768 tokens per request: 26.94x
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:40 [gpu_worker.py:794] CUDA graph pool memory: 0.52 GiB (actual), 0.61 GiB (estimated), difference: 0.09 GiB (17.3%).
+(EngineCore_DP0 pid=4242) INFO 11-30 05:01:41 [gpu_worker.py:855] Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). Actual usage is 14.99 GiB for weight, 4.77 GiB for peak activation, 0.48 GiB for non-torch memory, and 0.52 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=116000000000` (108.03 GiB) to fit into requested memory, or `--kv-cache-memory=127000000000` (118.28 GiB) to fully utilize gpu memory. Current kv cache memory in use is 107.76 GiB.
+"""
+
+# vLLM 0.27.1 on a GPU (consumed = weights + non-torch; model runner V2 loading line), ANSI colours.
+LOG_0271 = """\
+\x1b[32mINFO\x1b[0m 11-30 06:00:00 [core.py:121] Initializing a V1 LLM engine (v0.27.1) with config: model='/m'
+INFO 11-30 06:00:00 [scheduler.py:242] Chunked prefill is enabled with max_num_batched_tokens=16384.
+INFO 11-30 06:00:00 [model.py:1883] Using max model len 8192
+(EngineCore pid=7) INFO 11-30 06:00:01 [interface.py:636] Setting kv cache block size to 64 for FLASHMLA backend.
+(Worker_TP0 pid=8) INFO 11-30 06:00:09 [model_runner.py:330] Model loading took 29.51 GiB and 10.500000 seconds
+(Worker_TP0 pid=8) INFO 11-30 06:00:19 [gpu_worker.py:564] Available KV cache memory: 93.1 GiB
+(Worker_TP1 pid=9) INFO 11-30 06:00:19 [gpu_worker.py:564] Available KV cache memory: 93.2 GiB
+(EngineCore pid=7) INFO 11-30 06:00:19 [kv_cache_utils.py:2235] GPU KV cache size: 1,234,567 tokens
+(EngineCore pid=7) INFO 11-30 06:00:19 [kv_cache_utils.py:2236] Maximum concurrency for 8,192 tokens per request: 150.70x
+(Worker_TP0 pid=8) INFO 11-30 06:00:30 [gpu_worker.py:780] Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). Actual usage is 30.12 GiB for consumed memory (weights + non-torch), 5.4 GiB for peak activation, and 0.61 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=1` (0.0 GiB) to fit into requested memory, or `--kv-cache-memory=2` (0.0 GiB) to fully utilize gpu memory. Current kv cache memory in use is 93.1 GiB.
+"""
+
+# V0 releases: 0.5 "# GPU blocks", 0.6 "# cuda blocks", CPU backend "# CPU blocks" alone.
+LOG_V0 = "INFO 07-01 10:00:00 gpu_executor.py:83] # GPU blocks: 27153, # CPU blocks: 2048\n"
+LOG_V06 = "INFO 10-01 10:00:00 executor_base.py:110] # cuda blocks: 31225, # CPU blocks: 2048\n"
+LOG_V0_CPU = "INFO 10-01 10:00:00 cpu_executor.py:200] # CPU blocks: 4096\n"
+
+
+def test_parses_the_0_26_memory_sentence_and_capacity_lines():
+    log = parse_startup_log(LOG_026)
+    assert log.vllm_version == "0.26.0"
+    assert (log.model_loading_gib, log.model_loading_s) == (14.99, 6.123456)
+    assert log.available_kv_cache_gib == 107.76
+    assert log.available_kv_cache_bytes == round(107.76 * 2**30)
+    assert (log.free_on_startup_gib, log.total_memory_gib) == (139.26, 139.8)
+    assert (log.gpu_memory_utilization, log.requested_memory_gib) == (0.92, 128.62)
+    assert (log.weights_gib, log.peak_activation_gib, log.non_torch_gib, log.cudagraph_gib) == (
+        14.99, 4.77, 0.48, 0.52)
+    assert (log.cudagraph_actual_gib, log.cudagraph_estimated_gib) == (0.52, 0.61)
+    assert log.kv_in_use_gib == 107.76
+    assert log.kv_cache_tokens == 882768
+    assert (log.concurrency_max_model_len, log.max_concurrency) == (32768, 26.94)
+    assert log.padding_warnings == ((8, 15.38),) and log.padding_layers == 8
+    assert log.consumed_gib is None
+
+
+def test_parses_0_27_1_consumed_memory_block_size_and_first_rank_wins():
+    log = parse_startup_log(LOG_0271)
+    assert log.vllm_version == "0.27.1"
+    assert log.model_loading_gib == 29.51
+    assert log.available_kv_cache_gib == 93.1  # TP0 first; TP1's line is ignored
+    assert (log.consumed_gib, log.peak_activation_gib, log.cudagraph_gib) == (30.12, 5.4, 0.61)
+    assert log.weights_gib is None and log.non_torch_gib is None
+    assert (log.block_size, log.block_size_backend) == (64, "FLASHMLA")
+    assert (log.max_num_batched_tokens, log.max_model_len) == (16384, 8192)
+    assert log.kv_cache_tokens == 1234567 and log.max_concurrency == 150.70
+    assert log.padding_layers == 0 and log.padding_waste_pct == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, gpu_blocks, cpu_blocks",
+    [(LOG_V0, 27153, 2048), (LOG_V06, 31225, 2048), (LOG_V0_CPU, 4096, None)],
+)
+def test_parses_v0_block_counts(text, gpu_blocks, cpu_blocks):
+    log = parse_startup_log(text)
+    assert (log.v0_gpu_blocks, log.v0_cpu_blocks) == (gpu_blocks, cpu_blocks)
+    assert log.has_capacity and log.kv_cache_tokens is None
+
+
+def test_merged_capacity_line_is_read():
+    log = parse_startup_log("GPU KV cache size: 1,000 tokens. Maximum concurrency for 100 tokens per request: 10.00x")
+    assert (log.kv_cache_tokens, log.concurrency_max_model_len, log.max_concurrency) == (1000, 100, 10.0)
+
+
+def test_several_padding_warnings_are_kept():
+    text = (
+        "Add 2 padding layers, may waste at most 28.57% KV cache memory\n"
+        "Add 1 padding layers, may waste at most 8.33% KV cache memory\n"
+    )
+    log = parse_startup_log(text)
+    assert log.padding_warnings == ((2, 28.57), (1, 8.33))
+    assert log.padding_layers == 3 and log.padding_waste_pct == 28.57
+
+
+def test_text_without_vllm_lines_is_a_clear_error():
+    with pytest.raises(ServebookError, match="no vLLM start-up lines"):
+        parse_startup_log("hello\nworld\n")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ServebookError, match="cannot read start-up log"):
+        read_startup_log(tmp_path / "nope.log")
+
+
+def test_recorded_cpu_log_of_0_27_1():
+    # tests/fixtures/startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000.
+    log = read_startup_log(FIXTURES / "cpu-tiny-llama" / "startup.log")
+    assert log.vllm_version == "0.27.1"
+    assert log.available_kv_cache_gib == 1.0  # "Explicitly set (1.0/...) GiB for KV cache"
+    assert log.concurrency_max_model_len == 2000
+    assert log.max_num_batched_tokens == 4096  # LLM class default on CPU
+    assert log.kv_cache_tokens is not None and log.max_concurrency is not None
+    assert log.model_loading_gib is None  # the CPU runner does not print it
