@@ -90,3 +90,23 @@ def write_model_dir(out: str | Path, config: dict | None = None, *, tokenizer: b
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if k in cfg}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
     return out
+
+
+def language_model_config(config: dict) -> dict:
+    """The text-only config of a multimodal checkpoint (``text_config`` as a ``*ForCausalLM``).
+
+    Gemma 3 and Gemma 4 ship as ``*ForConditionalGeneration`` with the decoder under
+    ``text_config``. The decoder's shapes, and so its weights and KV cache, are the same
+    in the text-only class; the vision tower (hundreds of MB) is left out. Configs
+    without ``text_config`` are returned unchanged.
+    """
+    text = config.get("text_config")
+    arch = (config.get("architectures") or [""])[0]
+    if not text or not arch.endswith("ForConditionalGeneration"):
+        return dict(config)
+    out = dict(text)
+    out["architectures"] = [arch.replace("ForConditionalGeneration", "ForCausalLM")]
+    for key in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in config and key not in out:
+            out[key] = config[key]
+    return out

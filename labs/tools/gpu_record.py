@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Record real-engine data on a GPU node: startup logs and step timings, with provenance.
+
+Usage (on the GPU node, inside the vLLM environment):
+    python labs/tools/gpu_record.py startup --cases mistral-7b-v0.1:eager,gemma-3-27b:eager --out OUT.json
+    python labs/tools/gpu_record.py timing --model llama-3.1-8b --token-cap 262144 --out OUT.json
+
+Every engine runs in its own child process (so its GPU memory is freed and its startup
+log is captured whole); the parent writes one JSON file, re-written after each case so a
+time-out still returns what finished. Weights are random (``load_format="dummy"``): no
+checkpoint is downloaded; memory, batching and timing behave as with real weights.
+
+Schemas: ``servebook.startup_logs/1`` and ``servebook.step_timing/1`` (see labs/results/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from servebook.provenance import config_sha256, device_info, utc_now_iso, vllm_version  # noqa: E402
+from servebook.tiny_model import language_model_config, write_model_dir  # noqa: E402
+
+MODELS_DIR = Path(os.environ.get("SERVEBOOK_RECORD_MODELS_DIR", ROOT / "src" / "servebook" / "data" / "models"))
+MARK = "SERVEBOOK_RESULT "
+
+
+def engine_config(model_id: str) -> dict:
+    """The reference config as the engine loads it (text tower for multimodal checkpoints)."""
+    return language_model_config(json.loads((MODELS_DIR / f"{model_id}.json").read_text()))
+
+
+# ----------------------------------------------------------------------------- child side
+def _prompt(rng: random.Random, n: int, vocab: int) -> dict:
+    return {"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(n)]}
+
+
+def _timed_generate(llm, prompts, max_tokens: int) -> float:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    return elapsed
+
+
+def _timing_workload(llm, spec: dict, vocab: int) -> dict:
+    """Decode step time over (batch, context) and prefill time over prompt length."""
+    rng = random.Random(spec.get("seed", 0))
+    steps, repeats = spec["decode_steps"], spec["repeats"]
+    _timed_generate(llm, [_prompt(rng, 64, vocab) for _ in range(8)], 16)  # warm-up
+    decode = []
+    for context in spec["contexts"]:
+        fitting = [b for b in spec["batches"] if b * context <= spec["token_cap"]]
+        if not fitting:
+            continue
+        prompts = [_prompt(rng, context, vocab) for _ in range(max(fitting))]
+        _timed_generate(llm, prompts, 1)  # prefill once; later runs hit the prefix cache
+        for batch in sorted(fitting, reverse=True):
+            sub = prompts[:batch]
+            samples = []
+            for _ in range(repeats):
+                t_one = _timed_generate(llm, sub, 1)
+                t_many = _timed_generate(llm, sub, 1 + steps)
+                samples.append((t_many - t_one) / steps)
+            decode.append({"batch": batch, "prompt_tokens": context, "decode_steps": steps,
+                           "mean_context_tokens": context + (steps + 1) / 2,
+                           "step_s": statistics.median(samples), "samples_s": samples})
+            print(f"decode B={batch} C={context}: {statistics.median(samples)*1e3:.2f} ms", flush=True)
+    prefill = []
+    for tokens in spec["prefill_tokens"]:
+        samples = [_timed_generate(llm, [_prompt(rng, tokens, vocab)], 1) for _ in range(spec["prefill_repeats"])]
+        prefill.append({"tokens": tokens, "time_s": statistics.median(samples), "samples_s": samples})
+        print(f"prefill T={tokens}: {statistics.median(samples)*1e3:.1f} ms", flush=True)
+    return {"decode": decode, "prefill": prefill}
+
+
+def child(case_path: str) -> None:
+    case = json.loads(Path(case_path).read_text())
+    from vllm import LLM
+
+    model_dir = write_model_dir(tempfile.mkdtemp(prefix="model-"), case["config"], tokenizer=False)
+    kwargs = dict(case["engine_args"])
+    llm = LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, seed=0, **kwargs)
+    vocab = int(case["config"].get("vocab_size", 32000))
+    result: dict = {"ok": True}
+    _timed_generate(llm, [_prompt(random.Random(1), 32, vocab)], 4)
+    if case.get("timing"):
+        result.update(_timing_workload(llm, case["timing"], vocab))
+    print(MARK + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent side
+def run_case(case: dict, timeout_s: float) -> dict:
+    """Run one engine in a child process; return the case with its log and result."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(case, fh)
+    t0 = time.time()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "_child", fh.name], capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        log += (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        rc = "timeout"
+    result = None
+    for line in log.splitlines():
+        if line.startswith(MARK):
+            result = json.loads(line[len(MARK):])
+    out = dict(case, returncode=rc, wall_s=round(time.time() - t0, 1), log=log, result=result)
+    print(f"[{case['name']}] rc={rc} in {out['wall_s']} s", flush=True)
+    if rc != 0:
+        print("\n".join(log.splitlines()[-15:]), flush=True)
+    return out
+
+
+def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None) -> dict:
+    cfg = engine_config(model_id)
+    return {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
+            "engine_args": engine_args, "timing": timing}
+
+
+STARTUP_ARGS = {
+    "eager": dict(enforce_eager=True, max_model_len=32768, gpu_memory_utilization=0.90),
+    "eager16k": dict(enforce_eager=True, max_model_len=16384, gpu_memory_utilization=0.90),
+    "fp8kv": dict(enforce_eager=True, max_model_len=32768, gpu_memory_utilization=0.80,
+                  kv_cache_dtype="fp8", max_num_batched_tokens=8192),
+    "util50": dict(enforce_eager=True, max_model_len=8192, gpu_memory_utilization=0.50,
+                   max_num_batched_tokens=4096),
+    "graphs": dict(max_model_len=16384, gpu_memory_utilization=0.90),
+}
+
+
+def write(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "_child":
+        return child(sys.argv[2])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["startup", "timing"])
+    ap.add_argument("--cases", default="", help="MODEL:PROFILE,... (profiles: %s)" % ",".join(STARTUP_ARGS))
+    ap.add_argument("--model", default="")
+    ap.add_argument("--token-cap", type=int, default=262144)
+    ap.add_argument("--contexts", default="512,2048,8192,16384")
+    ap.add_argument("--batches", default="1,4,16,32,64,128,256")
+    ap.add_argument("--prefill-tokens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--budget-s", type=float, default=480, help="stop starting new cases after this")
+    ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    t_start = time.time()
+    doc = {"date": utc_now_iso(), "gpu": device_info(), "vllm_version": vllm_version(),
+           "method": "", "cases": []}
+    if args.mode == "startup":
+        doc["schema"] = "servebook.startup_logs/1"
+        doc["method"] = "one LLM(...) per case in a fresh process, load_format=dummy, one short request"
+        cases = [make_case(f"{m}--{p}", m, STARTUP_ARGS[p]) for m, p in (c.split(":") for c in args.cases.split(","))]
+    else:
+        doc["schema"] = "servebook.step_timing/1"
+        doc["method"] = ("decode step_s = (T(1+N) - T(1)) / N for B distinct prompts already in the prefix cache "
+                         "(median of repeats); prefill time_s = wall time of llm.generate for one new prompt "
+                         "with max_tokens=1 (median of repeats); CUDA graphs on; greedy; ignore_eos")
+        timing = {"contexts": [int(x) for x in args.contexts.split(",")],
+                  "batches": [int(x) for x in args.batches.split(",")],
+                  "token_cap": args.token_cap, "decode_steps": 32, "repeats": 2,
+                  "prefill_tokens": [int(x) for x in args.prefill_tokens.split(",")], "prefill_repeats": 3}
+        engine_args = dict(max_model_len=max(timing["contexts"] + timing["prefill_tokens"]) + 64,
+                           gpu_memory_utilization=0.90, max_num_seqs=max(timing["batches"]),
+                           max_num_batched_tokens=16384)
+        cases = [make_case(f"{args.model}--timing", args.model, engine_args, timing)]
+    out = Path(args.out)
+    for case in cases:
+        if time.time() - t_start > args.budget_s:
+            print(f"[{case['name']}] skipped: budget of {args.budget_s} s spent", flush=True)
+            continue
+        doc["cases"].append(run_case(case, args.timeout_s))
+        write(out, doc)
+    write(out, doc)
+
+
+if __name__ == "__main__":
+    main()

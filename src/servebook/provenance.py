@@ -1,0 +1,62 @@
+"""Provenance stamped on every recorded measurement: which GPU, which vLLM, which model, when.
+
+A measurement without these fields is not data the book may render (see labs/results/README.md).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import subprocess
+
+
+def config_sha256(config: dict) -> str:
+    """SHA-256 of a config dict in canonical JSON (sorted keys, no spaces)."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def utc_now_iso() -> str:
+    """The current time, UTC, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _nvidia_smi(query: str) -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return [l.strip() for l in out.stdout.splitlines() if l.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def device_info() -> dict:
+    """GPU name, count, driver and total memory (bytes, as CUDA reports it); CPU facts otherwise."""
+    info: dict = {"host_cpu": platform.processor() or platform.machine()}
+    try:
+        import torch
+
+        info["torch_version"] = torch.__version__
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info(0)
+            info.update(name=torch.cuda.get_device_name(0), count=torch.cuda.device_count(),
+                        total_memory_bytes=int(total), cuda=torch.version.cuda)
+    except ImportError:
+        pass
+    drivers = _nvidia_smi("driver_version")
+    if drivers:
+        info["driver"] = drivers[0]
+    if "name" not in info:
+        info.update(name="cpu", count=0)
+    return info
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None when vLLM is not importable."""
+    try:
+        import vllm
+
+        return vllm.__version__
+    except ImportError:
+        return None
