@@ -71,6 +71,18 @@ def gpu_numbers(gpu) -> GPUNumbers:
         return gpu
     if not isinstance(gpu, str):
         return _from_object(gpu)
-    from servebook import hardware  # the shared GPU catalogue (data/gpus.toml)
-
+    try:
+        from servebook import hardware  # the shared GPU catalogue (data/gpus.toml)
+    except ImportError:  # until the catalogue lands: a private stand-in for the two GPUs used here
+        key = gpu.lower()
+        if key not in _STANDIN:
+            raise UnknownGPUError(f"unknown GPU {gpu!r}; known: {sorted(_STANDIN)}") from None
+        return _STANDIN[key]
     return _from_object(hardware.get_gpu(gpu))
+
+
+# NVIDIA H100/H200 SXM datasheets: 3.35 / 4.8 TB/s, 989 TFLOP/s dense bf16, NVLink 900 GB/s (both directions).
+_STANDIN = {
+    "h200": GPUNumbers("h200", 141 * 10**9, 4.8e12, 989e12, 1979e12, 450e9),
+    "h100-sxm": GPUNumbers("h100-sxm", 80 * 10**9, 3.35e12, 989e12, 1979e12, 450e9),
+}

@@ -1,0 +1,108 @@
+"""``servebook fleet``: plan a large batch job (replicas, batch, hours, GPU-hours, cost).
+
+    servebook fleet --config PATH --gpu NAME --gpus N [--tp N] --requests R
+                    --input-tokens MEAN [--input-cv CV] --output-tokens MEAN [--output-cv CV]
+                    [--batch B] [--max-num-seqs S] [--max-num-batched-tokens T] [--kv-cache-dtype fp8]
+                    [--spec-k K --spec-alpha A [--draft-config PATH]] [--price-per-gpu-hour P] [--json]
+    servebook fleet --compare-draft [--gpu NAME] [--json]     # the chapter draft's 6.22 table vs ours
+
+Lengths are lognormal with the given mean and coefficient of variation (0 =
+every request the same length).
+"""
+from __future__ import annotations
+
+import json
+
+from servebook.errors import ServebookError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fleet", help="plan a batch job: replicas, batch, hours, GPU-hours, cost",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--compare-draft", action="store_true",
+                   help="print the draft chapter's five 6.22 scenarios next to ours")
+    p.add_argument("--config", help="config.json path, model directory or reference id")
+    p.add_argument("--gpu", help="GPU name from the catalogue (default for --compare-draft: h100-sxm)")
+    p.add_argument("--gpus", type=int, help="GPUs in the fleet")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of one replica")
+    p.add_argument("--requests", type=int, help="requests in the job")
+    p.add_argument("--input-tokens", type=float, help="mean prompt length, tokens")
+    p.add_argument("--input-cv", type=float, default=0.0, help="prompt length std/mean (lognormal)")
+    p.add_argument("--output-tokens", type=float, help="mean output length, tokens")
+    p.add_argument("--output-cv", type=float, default=0.0, help="output length std/mean (lognormal)")
+    p.add_argument("--batch", type=int, help="decode batch per replica (default: what the KV cache holds)")
+    p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--spec-k", type=int, default=0, help="speculative drafts per step")
+    p.add_argument("--spec-alpha", type=float, help="per-token draft acceptance (0-1)")
+    p.add_argument("--draft-config", help="draft model config.json (omit for n-gram drafting, no GPU cost)")
+    p.add_argument("--price-per-gpu-hour", type=float, default=0.0)
+    p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _need(args, *names):
+    missing = [n for n in names if getattr(args, n.replace("-", "_")) is None]
+    if missing:
+        raise ServebookError("servebook fleet needs " + ", ".join(f"--{m}" for m in missing)
+                             + " (or --compare-draft)")
+
+
+def run(args) -> int:
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, compare_with_draft, plan
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.perf.speculative import Drafter
+
+    if args.compare_draft:
+        gpu = gpu_numbers(args.gpu or "h100-sxm")
+        coeffs, where = calibrated_coefficients(gpu.name, args.calibration)
+        rows = compare_with_draft(coeffs, gpu)
+        if args.json:
+            print(json.dumps({"gpu": gpu.name, "calibration": where, "rows": rows}))
+            return 0
+        print(f"{'scenario':36s}{'draft h':>9s}{'ours h':>9s}{'draft req/s':>12s}{'ours req/s':>11s}")
+        for r in rows:
+            print(f"{r['scenario']:36s}{r['draft']['hours']:9.1f}{r['ours']['hours']:9.1f}"
+                  f"{r['draft']['requests_per_s']:12.1f}{r['ours']['requests_per_s']:11.1f}")
+            print(f"    {r['why']}")
+        print(f"note: {where}")
+        return 0
+    _need(args, "config", "gpu", "gpus", "requests", "input-tokens", "output-tokens")
+    spec = load_model_spec(args.config)
+    gpu = gpu_numbers(args.gpu)
+    coeffs, where = calibrated_coefficients(gpu.name, args.calibration)
+    speculation = None
+    if args.spec_k:
+        if args.spec_alpha is None:
+            raise ServebookError("--spec-k needs --spec-alpha (per-token acceptance, 0-1)")
+        drafter = Drafter("draft_model", load_model_spec(args.draft_config)) if args.draft_config else Drafter()
+        speculation = Speculation(args.spec_k, args.spec_alpha, drafter)
+
+    def lengths(mean, cv):
+        return LengthDistribution.lognormal(mean, cv) if cv else LengthDistribution.fixed(int(round(mean)))
+
+    work = Workload(args.requests, lengths(args.input_tokens, args.input_cv), lengths(args.output_tokens, args.output_cv))
+    d = Deployment(name=spec.name, spec=spec, gpu=gpu, gpus=args.gpus, tp=args.tp, batch=args.batch,
+                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                   kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                   speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour)
+    p = plan(work, d, coeffs)
+    out = p.to_dict()
+    out["gpu"] = gpu.name
+    out["calibration"] = where
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{spec.name} on {p.gpus} x {gpu.name} = {p.replicas} replicas of tp={p.tp}")
+    print(f"  batch {p.batch} per replica (KV cache holds {p.batch_kv_bound}), {p.tokens_per_step:.2f} tokens/step, "
+          f"step {p.step_s * 1e3:.1f} ms, bound by {p.bound}")
+    print(f"  {p.hours:.1f} h wall ({p.prefill_hours:.1f} h prefill + {p.decode_hours:.1f} h decode), "
+          f"{p.gpu_hours:.0f} GPU-hours, cost {p.cost:,.0f}, {p.requests_per_s:.1f} requests/s")
+    for n in p.notes + (where,):
+        print(f"  note: {n}")
+    return 0
