@@ -1,0 +1,269 @@
+"""The memory budget: hand arithmetic, the does-not-fit advice, calibration on synthetic data."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.memory import (
+    ACTIVATION_FEATURES,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    CalibrationRecord,
+    MemoryCoefficients,
+    budget_from_log,
+    calibrate,
+    load_coefficients,
+    memory_budget,
+    record_from_log,
+    write_coefficients,
+)
+from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+from servebook.startup_log import parse_startup_log
+
+GIB = 2**30
+MIB = 2**20
+
+
+def spec(*, layers=32, hidden=4096, inter=14336, heads=32, kv=8, hd=128, vocab=128256, weight_bytes=16 * 10**9):
+    return ModelSpec(
+        name="hand-made",
+        architecture="HandMade",
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        vocab_size=vocab,
+        max_position_embeddings=8192,
+        layers=tuple(AttentionLayer("full", kv, hd, hd) for _ in range(layers)),
+        params=ParamCount(0, 0, 0, 0, 0, 0, 0, 0),
+        weight_bytes=weight_bytes,
+        intermediate_size=inter,
+    )
+
+
+# Coefficients chosen for hand arithmetic: 1 GiB constant + 2 copies of the hidden states.
+SIMPLE = MemoryCoefficients(
+    activation={"constant_bytes": 1 * GIB, "hidden": 2.0, "mlp": 0.0, "qkv": 0.0, "logits": 0.0},
+    non_torch_tp1_bytes=0.5 * GIB,
+    non_torch_tp_gt1_bytes=1.5 * GIB,
+    cudagraph_constant_bytes=0.0,
+    cudagraph_per_layer_bytes=10 * MIB,
+)
+
+
+def test_default_utilization_is_0_92():
+    assert DEFAULT_GPU_MEMORY_UTILIZATION == 0.92  # CacheConfig.gpu_memory_utilization, 0.26.0 and 0.27.1
+
+
+def test_budget_by_hand():
+    s = spec()
+    total = 80 * GIB
+    b = memory_budget(s, gpu_memory_bytes=total, max_num_batched_tokens=8192, max_num_seqs=256, coefficients=SIMPLE)
+    requested = math.ceil(total * 0.92)
+    weights = 16 * 10**9
+    activation = 1 * GIB + 2 * 8192 * 4096 * 2  # 1 GiB + 2 copies of T x hidden x 2 bytes = 1.125 GiB
+    non_torch = GIB // 2
+    graphs = 32 * 10 * MIB
+    assert b.requested_bytes == requested
+    assert (b.weights_bytes, b.activation_bytes, b.non_torch_bytes, b.cudagraph_bytes) == (
+        weights, activation, non_torch, graphs)
+    assert b.available_kv_bytes == requested - weights - activation - non_torch - graphs
+    assert b.available_kv_gib == pytest.approx(b.available_kv_bytes / GIB)
+    assert b.claims() == {"weights": weights, "peak_activation": activation, "non_torch": non_torch, "cudagraph": graphs}
+
+
+def test_tp_splits_weights_and_uses_the_multi_gpu_non_torch_figure():
+    s = spec()
+    b = memory_budget(s, gpu_memory_bytes=80 * GIB, max_num_batched_tokens=8192, max_num_seqs=256, tp=2, coefficients=SIMPLE)
+    assert b.weights_bytes == 8 * 10**9
+    assert b.non_torch_bytes == int(1.5 * GIB)
+
+
+def test_enforce_eager_has_no_cuda_graph_claim():
+    b = memory_budget(spec(), gpu_memory_bytes=80 * GIB, max_num_batched_tokens=2048, max_num_seqs=256,
+                      enforce_eager=True, coefficients=SIMPLE)
+    assert b.cudagraph_bytes == 0
+
+
+def test_weights_that_do_not_fit_name_the_smallest_tp_that_does():
+    # 150 GB of weights on an 80 GiB GPU at 0.9: 72 GiB requested.
+    # TP=2 leaves 75 GB = 69.8 GiB of weights + 1.1 GiB activation + 1.5 GiB non-torch + 0.3 GiB graphs > 72 GiB;
+    # TP=4: 37.5 GB = 34.9 GiB of weights: fits.
+    big = spec(layers=32, weight_bytes=150 * 10**9)
+    with pytest.raises(DoesNotFitError, match="--tensor-parallel-size 4"):
+        memory_budget(big, gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.9,
+                      max_num_batched_tokens=8192, max_num_seqs=256, coefficients=SIMPLE)
+
+
+def test_a_model_no_tp_can_fit_says_so():
+    huge = spec(layers=32, heads=1, kv=1, weight_bytes=10**13)
+    with pytest.raises(DoesNotFitError, match="no tensor-parallel size"):
+        memory_budget(huge, gpu_memory_bytes=80 * GIB, max_num_batched_tokens=8192, max_num_seqs=256, coefficients=SIMPLE)
+
+
+@pytest.mark.parametrize("u", [0, -0.1, 1.01, float("nan"), 2])
+def test_utilization_out_of_range_names_the_range(u):
+    with pytest.raises(ServebookError, match=r"\(0, 1\]"):
+        memory_budget(spec(), gpu_memory_bytes=80 * GIB, gpu_memory_utilization=u,
+                      max_num_batched_tokens=8192, max_num_seqs=256, coefficients=SIMPLE)
+
+
+@pytest.mark.parametrize("kw", [{"max_num_batched_tokens": 0}, {"max_num_seqs": -1}, {"gpu_memory_bytes": 0}])
+def test_non_positive_inputs_are_refused(kw):
+    args = dict(gpu_memory_bytes=80 * GIB, max_num_batched_tokens=8192, max_num_seqs=256)
+    args.update(kw)
+    with pytest.raises(ServebookError):
+        memory_budget(spec(), coefficients=SIMPLE, **args)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    gib=st.integers(min_value=1, max_value=200),
+    u=st.floats(min_value=0.05, max_value=1.0),
+    weights_gb=st.integers(min_value=1, max_value=400),
+    tokens=st.sampled_from([512, 2048, 8192, 16384]),
+)
+def test_budget_is_never_negative_and_monotone_in_memory(gib, u, weights_gb, tokens):
+    s = spec(weight_bytes=weights_gb * 10**9)
+    kw = dict(max_num_batched_tokens=tokens, max_num_seqs=256, gpu_memory_utilization=u, coefficients=SIMPLE)
+    try:
+        small = memory_budget(s, gpu_memory_bytes=gib * GIB, **kw)
+    except DoesNotFitError:
+        return
+    assert small.available_kv_bytes > 0
+    big = memory_budget(s, gpu_memory_bytes=(gib + 10) * GIB, **kw)
+    assert big.available_kv_bytes >= small.available_kv_bytes
+
+
+def test_shipped_coefficients_are_complete_and_say_their_status():
+    c = load_coefficients()
+    assert c.status in ("prior", "fitted")
+    assert set(c.activation) == set(ACTIVATION_FEATURES)
+    assert all(v >= 0 for v in c.activation.values())
+    if c.status == "fitted":
+        assert c.fitted_on and c.vllm_version and c.gpu
+
+
+def test_coefficients_round_trip_and_malformed_files_are_clear_errors(tmp_path):
+    p = write_coefficients(SIMPLE, tmp_path / "c.json")
+    assert load_coefficients(p).activation == SIMPLE.activation
+    (tmp_path / "bad.json").write_text(json.dumps({"activation": {}}))
+    with pytest.raises(ServebookError, match="malformed"):
+        load_coefficients(tmp_path / "bad.json")
+    (tmp_path / "notjson.json").write_text("{")
+    with pytest.raises(ServebookError, match="not JSON"):
+        load_coefficients(tmp_path / "notjson.json")
+
+
+# ---- calibration ----------------------------------------------------------------------------
+
+TRUE = {"constant_bytes": 300 * MIB, "hidden": 3.0, "mlp": 2.5, "qkv": 1.0, "logits": 2.0}
+
+
+def hand_peak(s: ModelSpec, t: int, seqs: int, tp: int) -> float:
+    """The activation model written out independently: copies x bytes of each tensor."""
+    qkv_width = s.num_attention_heads * 128 + 2 * s.layers[0].num_kv_heads * 128
+    return (
+        TRUE["constant_bytes"]
+        + TRUE["hidden"] * t * s.hidden_size * 2
+        + TRUE["mlp"] * t * s.intermediate_size / tp * 2
+        + TRUE["qkv"] * t * qkv_width / tp * 2
+        + TRUE["logits"] * min(seqs, t) * s.vocab_size * 4
+    )
+
+
+def synthetic_records(noise: float = 0.0, seed: int = 0) -> list[CalibrationRecord]:
+    rng = random.Random(seed)
+    shapes = [
+        dict(hidden=4096, inter=14336, heads=32, kv=8, vocab=128256, layers=32),
+        dict(hidden=5120, inter=25600, heads=64, kv=8, vocab=151936, layers=64),
+        dict(hidden=8192, inter=28672, heads=64, kv=8, vocab=128256, layers=80),
+        dict(hidden=2048, inter=6144, heads=16, kv=4, vocab=32000, layers=24),
+    ]
+    records = []
+    for i, shape in enumerate(shapes):
+        s = spec(**shape)
+        for t, seqs, tp in [(2048, 256, 1), (8192, 1024, 1), (16384, 1024, 2), (4096, 128, 4)]:
+            peak = hand_peak(s, t, seqs, tp) * (1 + rng.uniform(-noise, noise))
+            records.append(CalibrationRecord(
+                name=f"synthetic-{i}-{t}-{tp}", spec=s, max_num_batched_tokens=t, max_num_seqs=seqs, tp=tp,
+                peak_activation_bytes=peak,
+                non_torch_bytes=(0.25 * GIB if tp == 1 else 1.25 * GIB),
+                cudagraph_bytes=64 * MIB + 8 * MIB * shape["layers"],
+            ))
+    return records
+
+
+def test_calibrate_recovers_known_coefficients_from_exact_data():
+    fitted = calibrate(synthetic_records(), vllm_version="synthetic", gpu="none")
+    for k, v in TRUE.items():
+        assert fitted.activation[k] == pytest.approx(v, rel=1e-6), k
+    assert fitted.non_torch_tp1_bytes == pytest.approx(0.25 * GIB)
+    assert fitted.non_torch_tp_gt1_bytes == pytest.approx(1.25 * GIB)
+    assert fitted.cudagraph_constant_bytes == pytest.approx(64 * MIB, rel=1e-6)
+    assert fitted.cudagraph_per_layer_bytes == pytest.approx(8 * MIB, rel=1e-6)
+    assert fitted.status == "fitted" and len(fitted.fitted_on) == 16
+
+
+def test_calibrate_is_close_under_two_percent_noise_and_predicts_within_five_percent():
+    fitted = calibrate(synthetic_records(noise=0.02, seed=1))
+    s = spec(hidden=3072, inter=8192, heads=24, kv=8, vocab=100000, layers=28)  # not in the fit
+    b = memory_budget(s, gpu_memory_bytes=80 * GIB, max_num_batched_tokens=8192, max_num_seqs=512, coefficients=fitted)
+    truth = hand_peak(s, 8192, 512, 1)
+    assert b.activation_bytes == pytest.approx(truth, rel=0.05)
+
+
+def test_calibrate_refuses_too_few_settings():
+    with pytest.raises(ServebookError, match="at least 5 distinct"):
+        calibrate(synthetic_records()[:2])
+    with pytest.raises(ServebookError, match="at least one"):
+        calibrate([])
+
+
+# ---- records from logs ----------------------------------------------------------------------
+
+LOG_026 = (
+    "Model loading took 14.99 GiB memory and 6.1 seconds\n"
+    "Available KV cache memory: 107.76 GiB\n"
+    "CUDA graph pool memory: 0.52 GiB (actual), 0.61 GiB (estimated), difference: 0.09 GiB (17.3%).\n"
+    "Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). "
+    "Actual usage is 14.99 GiB for weight, 4.77 GiB for peak activation, 0.48 GiB for non-torch memory, "
+    "and 0.52 GiB for CUDAGraph memory. Replace ...\n"
+)
+LOG_0271 = (
+    "Model loading took 14.99 GiB memory and 6.1 seconds\n"
+    "Available KV cache memory: 107.76 GiB\n"
+    "CUDA graph pool memory: 0.52 GiB (actual), 0.61 GiB (estimated), difference: 0.09 GiB (17.3%).\n"
+    "Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). "
+    "Actual usage is 15.47 GiB for consumed memory (weights + non-torch), 5.38 GiB for peak activation, "
+    "and 0.52 GiB for CUDAGraph memory. Replace ...\n"
+)
+
+
+def test_record_from_a_0_26_log_takes_the_claims_as_printed():
+    r = record_from_log("x", spec(), parse_startup_log(LOG_026), max_num_batched_tokens=8192, max_num_seqs=1024)
+    assert r.peak_activation_bytes == pytest.approx(4.77 * GIB)
+    assert r.non_torch_bytes == pytest.approx(0.48 * GIB)
+    assert r.cudagraph_bytes == pytest.approx(0.61 * GIB)  # the estimate is what the budget subtracts
+
+
+def test_record_from_a_0_27_1_log_separates_the_graph_estimate_and_non_torch():
+    r = record_from_log("x", spec(), parse_startup_log(LOG_0271), max_num_batched_tokens=8192, max_num_seqs=1024)
+    assert r.peak_activation_bytes == pytest.approx((5.38 - 0.61) * GIB)
+    assert r.non_torch_bytes == pytest.approx((15.47 - 14.99) * GIB)
+
+
+def test_budget_from_log_reproduces_the_logged_available_memory_within_rounding():
+    b = budget_from_log(parse_startup_log(LOG_026))
+    # 128.62 - 14.99 - 4.77 - 0.48 - 0.61 = 107.77 GiB vs logged 107.76: each figure is rounded to 0.01.
+    rebuilt = b.requested_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes - b.cudagraph_bytes
+    assert abs(rebuilt - b.available_kv_bytes) <= 0.03 * GIB
+
+
+def test_cpu_logs_cannot_calibrate():
+    cpu = parse_startup_log("Explicitly set (1.0/11.59) GiB for KV cache on node 0.\nGPU KV cache size: 10 tokens\n")
+    with pytest.raises(ServebookError, match="only GPU start-up logs"):
+        record_from_log("cpu", spec(), cpu, max_num_batched_tokens=2048, max_num_seqs=128)
