@@ -139,7 +139,8 @@ def _check_fits(requests: list[RequestSpec], config: SchedulerConfig) -> None:
                 f"max_model_len is {config.max_model_len}; raise max_model_len or shorten the request"
             )
         if config.policy == "paged":
-            need = math.ceil(spec.total_tokens / config.block_size)
+            # The last sampled token is never written to the cache: at most total - 1 slots.
+            need = math.ceil((spec.total_tokens - 1) / config.block_size)
             if need > config.num_blocks:
                 raise ServebookError(
                     f"request {spec.request_id} needs {need} KV blocks but the pool has "
