@@ -283,3 +283,89 @@ def test_capacity_is_monotone_and_never_negative(which, gib, extra, ctx, more_ct
         assert small.max_concurrency >= 1
         assert small.used_kv_bytes <= gib * GIB
         assert min_kv_bytes_for_one_request(small.layout, ctx, small.in_flight_tokens) <= gib * GIB
+
+
+# ---- recorded engine logs (tests/fixtures/startup_logs/<name>/) -----------------------------
+#
+# Each fixture holds the config the engine loaded, the flags it ran with (flags.json) and its
+# start-up log. The prediction starts from the engine's own KV budget: on CPU the exact bytes of
+# VLLM_CPU_KVCACHE_SPACE; on GPU the logged "Available KV cache memory" (rounded to 0.01 GiB, so
+# GPU fixtures are compared within 0.5%).
+
+import json as _json
+from pathlib import Path as _Path
+
+from servebook.hf_config import load_model_spec
+from servebook.startup_log import read_startup_log
+
+FIXTURES = _Path(__file__).parent / "fixtures" / "startup_logs"
+FIXTURE_DIRS = sorted(p for p in FIXTURES.iterdir() if (p / "startup.log").is_file())
+
+
+def predict_fixture(folder: _Path):
+    flags = _json.loads((folder / "flags.json").read_text())
+    kw = flags["engine_kwargs"]
+    log = read_startup_log(folder / "startup.log")
+    device = "cpu" if flags["device"] == "cpu" else "cuda"
+    if device == "cpu":
+        available = int(flags["env"]["VLLM_CPU_KVCACHE_SPACE"]) * GIB
+    else:
+        available = log.available_kv_cache_bytes
+    mnbt = kw.get("max_num_batched_tokens") or log.max_num_batched_tokens
+    block_size = kw.get("block_size") or log.block_size
+    cap = capacity(
+        load_model_spec(folder / "config.json"), available,
+        max_model_len=kw.get("max_model_len") or log.max_model_len,
+        max_num_batched_tokens=mnbt, block_size=block_size,
+        kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), tp=kw.get("tensor_parallel_size", 1),
+        device=device, async_scheduling=kw.get("async_scheduling"),
+    )
+    return flags, log, cap
+
+
+def test_there_are_cpu_fixtures_for_each_attention_kind():
+    names = {p.name for p in FIXTURE_DIRS}
+    assert {"cpu-tiny-llama", "cpu-tiny-llama-fp8", "cpu-tiny-mistral-sliding", "cpu-tiny-gemma3-hybrid"} <= names
+
+
+@pytest.mark.parametrize("folder", FIXTURE_DIRS, ids=[p.name for p in FIXTURE_DIRS])
+def test_prediction_matches_the_recorded_engine_log(folder):
+    flags, log, cap = predict_fixture(folder)
+    assert log.vllm_version == flags["vllm_version"]
+    assert log.concurrency_max_model_len == cap.max_model_len
+    assert log.padding_warnings == cap.layout.padding_warnings
+    if flags["device"] == "cpu":  # exact budget -> exact figures
+        assert cap.kv_cache_tokens == log.kv_cache_tokens
+        assert f"{cap.max_concurrency:.2f}" == f"{log.max_concurrency:.2f}"
+    else:
+        assert cap.kv_cache_tokens == pytest.approx(log.kv_cache_tokens, rel=0.005)
+        assert cap.max_concurrency == pytest.approx(log.max_concurrency, rel=0.005)
+
+
+def test_cpu_tiny_llama_fixture_by_hand():
+    # 3 layers x 2 KV heads x 64 dims, bf16, CPU block 128: page = 128 x 2 x 2 x 64 x 2 = 65536 B.
+    # 1 GiB // 65536 // 3 = 5461 blocks; 2000 tokens need cdiv(2000, 128) = 16 blocks.
+    log = read_startup_log(FIXTURES / "cpu-tiny-llama" / "startup.log")
+    assert log.kv_cache_tokens == int(5461 / 16 * 2000) == 682625
+    assert log.max_concurrency == round(5461 / 16, 2) == 341.31
+
+
+def test_cpu_tiny_mistral_fixture_by_hand():
+    # All-sliding (window 256), CPU (async off), max_num_batched_tokens 512: each request holds
+    # min(255 + 512, 3000) = 767 tokens -> cdiv(767, 16) + 1 = 49 blocks of the 16-token kernel size.
+    # page = 16 x 2 x 2 x 64 x 2 = 8192 B; 1 GiB // 8192 // 3 = 43690 blocks.
+    log = read_startup_log(FIXTURES / "cpu-tiny-mistral-sliding" / "startup.log")
+    assert log.kv_cache_tokens == int(43690 / 49 * 3000)
+    assert log.max_concurrency == round(43690 / 49, 2)
+
+
+def test_cpu_tiny_gemma3_fixture_by_hand():
+    # 7 sliding + 3 full layers (2 KV heads x 64, bf16). Group size 3 -> 3 sliding groups (9 slots):
+    # "Add 2 padding layers, may waste at most 28.57%" (2/7). Sliding pages (kernel block 16) are
+    # scaled to the full layers' 128-token page: 128 x 2 x 2 x 64 x 2 = 65536 B.
+    # 1 GiB // (65536 x 3) = 5461 blocks. Per request: full cdiv(2048,128) = 16;
+    # each sliding group cdiv(min(255 + 512, 2048), 128) + 1 = 7 -> 16 + 3 x 7 = 37.
+    log = read_startup_log(FIXTURES / "cpu-tiny-gemma3-hybrid" / "startup.log")
+    assert log.padding_warnings == ((2, round(2 / 7 * 100, 2)),)
+    assert log.kv_cache_tokens == int(5461 / 37 * 2048)
+    assert log.max_concurrency == round(5461 / 37, 2)
