@@ -118,7 +118,7 @@ def test_deepseek_v2_lite_matches_checkpoint_tensor_count():
 
 def test_gemma_4_31b_text_matches_checkpoint_minus_vision_tower():
     # The same kind of report for google/gemma-4-31B-it sums to 31,273,088,876 parameters,
-    # including the vision tower and one stored `layer_scalar` per decoder layer.
+    # including the vision tower.
     # Vision tensors as listed there (shapes), summed by hand:
     vision_layer = 4 * 1152 * 1152 + 3 * 1152 * 4304 + 4 * 1152 + 2 * 72  # attn, mlp, norms, q/k norms
     vision = (
@@ -128,8 +128,8 @@ def test_gemma_4_31b_text_matches_checkpoint_minus_vision_tower():
         + 2 * 1152  # std_bias, std_scale
         + 5376 * 1152  # embed_vision.embedding_projection
     )
-    layer_scalars = 60
-    assert load_model_spec("gemma-4-31b").params.total == 31_273_088_876 - vision - layer_scalars
+    # the 60 stored `layer_scalar` values (one per decoder layer) are text weights and counted
+    assert load_model_spec("gemma-4-31b").params.total == 31_273_088_876 - vision
 
 
 # --- weight bytes as loaded -----------------------------------------------------
@@ -227,3 +227,52 @@ def test_reference_layer_layouts():
     g4 = load_model_spec("gemma-4-26b-a4b")
     assert g4.moe.num_experts == 128 and g4.moe.experts_per_token == 8
     assert g4.moe.expert_intermediate_size == 704 and g4.intermediate_size == 2112
+
+
+# --- cross-check against transformers (independent implementation) ---------------------
+
+_META_COUNT = r'''
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, transformers as T
+from transformers.utils import logging
+logging.set_verbosity_error()
+out = {}
+for path in sys.argv[1:]:
+    cfg = json.load(open(path))
+    cfg.pop("quantization_config", None)  # count parameters in their unquantized form
+    arch = cfg["architectures"][0]
+    conf = T.AutoConfig.for_model(**cfg)
+    text = getattr(conf, "text_config", None) or conf  # text-only, as servebook counts
+    cls = {"Gemma3ForConditionalGeneration": T.Gemma3ForCausalLM,
+           "Gemma4ForConditionalGeneration": T.Gemma4ForCausalLM}.get(arch) or getattr(T, arch)
+    with torch.device("meta"):
+        model = cls(text)
+    # parameters (tied ones once) + persistent buffers, i.e. what the checkpoint stores
+    # (DeepSeek-V3's e_score_correction_bias and Gemma 4's layer_scalar are buffers there)
+    persistent = set(model.state_dict())
+    buffers = sum(b.numel() for n, b in model.named_buffers() if n in persistent)
+    out[path] = sum(p.numel() for p in model.parameters()) + buffers
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.engine
+def test_counts_equal_transformers_models_built_on_the_meta_device():
+    """transformers (in .venv-vllm) builds each reference model without memory; its parameter
+    count must equal ours exactly (DeepSeek-V3's MTP layer is not built by transformers either)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    python = root / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("needs .venv-vllm (transformers + torch)")
+    models_dir = root / "src" / "servebook" / "data" / "models"
+    paths = [str(models_dir / f"{m}.json") for m in reference_model_ids()]
+    result = subprocess.run([str(python), "-c", _META_COUNT, *paths], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    for model_id, path in zip(reference_model_ids(), paths):
+        assert load_model_spec(model_id).params.total == theirs[path], model_id

@@ -569,6 +569,8 @@ def _gemma(f: _Fields, family: str, tied: bool) -> _Model:
             owns_kv=sources[i] is None,
         )
         tensors += _norms(hidden, 4)  # input, post-attention, pre- and post-feedforward
+        if family == "gemma4":
+            tensors.append(_Tensor(OTHER, 1))  # layer_scalar, stored in the checkpoint
         inter = f.int("intermediate_size")
         if family == "gemma4" and sources[i] is not None and f.bool("use_double_wide_mlp"):
             inter *= 2
