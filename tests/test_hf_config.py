@@ -349,3 +349,25 @@ def test_gemma_window_pattern_counts(layers, pattern):
     full = sum(1 for l in spec.layers if l.kind == "full")
     assert full == layers // pattern
     assert spec.kv_bytes_per_token() >= 0 and spec.params.total > 0
+
+
+# --- CLI ---------------------------------------------------------------------------
+
+
+def test_models_command_json(capsys):
+    from servebook.cli import main
+
+    assert main(["models", "llama-3.1-8b", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["layers"] == 32 and row["full_layers"] == 32
+    assert row["kv_bytes_per_token_naive"] == 2 * 32 * 8 * 128 * 2
+
+
+def test_models_command_reports_bad_input_without_traceback(capsys, tmp_path):
+    from servebook.cli import main
+
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(_with(LLAMA_8B_SHAPE, num_hidden_layers=None)))
+    assert main(["models", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "num_hidden_layers" in err and "Traceback" not in err
