@@ -1,0 +1,339 @@
+"""``servebook plan``: memory budget, KV capacity and recommended flags for one deployment.
+
+::
+
+    servebook plan --config PATH|ID [--gpu NAME] [--tp N] [--max-model-len N]
+                   [--gpu-memory-utilization U] [--kv-cache-dtype auto|fp8]
+                   [--block-size N] [--max-num-batched-tokens N]
+                   [--available-kv-gib X] [--json]
+
+It predicts the four start-up claims (:mod:`servebook.memory`), the KV
+cache the rest buys (:mod:`servebook.kv_cache`), and the flags to serve with.
+``--available-kv-gib`` skips the budget and starts from a logged
+``Available KV cache memory`` figure instead.
+
+Defaults are vLLM 0.27.1's for ``vllm serve`` (usage context
+``OPENAI_API_SERVER``, ``EngineArgs.get_batch_defaults`` in
+``engine/arg_utils.py``): on GPUs with at least 70 GiB that are not A100s,
+``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 1024; otherwise 2048 and
+256; both capped at ``max_num_seqs x max_model_len``. ``gpu_memory_utilization``
+defaults to 0.92 (``config/cache.py``); the block size to 16 on CUDA.
+
+**Recommended ``--max-num-seqs``.** The KV cache holds ``max_concurrency``
+requests at full ``max_model_len`` (the engine's own figure). We recommend
+85% of that ceiling, rounded down, never below 1, never above the ceiling
+itself, and never above vLLM's default ``max_num_seqs`` (the peak-activation
+claim was sized for that many sampled rows). The 15% headroom covers what the
+ceiling does not: blocks held by the prefix cache, the partially filled last
+block of each request, and requests admitted while others still hold their
+full context. Below the ceiling, a full-length workload is not preempted;
+above it, vLLM preempts and recomputes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from servebook import PINNED_VLLM
+from servebook.errors import ServebookError
+from servebook.kv_cache import (
+    Capacity,
+    capacity,
+    default_block_size,
+    kv_cache_layout,
+)
+from servebook.memory import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GIB,
+    MemoryBudget,
+    check_utilization,
+    memory_budget,
+    weights_bytes_per_gpu,
+)
+from servebook.model_spec import ModelSpec
+
+#: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
+DEFAULT_GPU = "H200"
+#: Fraction of the KV ceiling recommended for ``--max-num-seqs`` (see module docstring).
+MAX_NUM_SEQS_FRACTION = 0.85
+#: Above this total memory (and not an A100), vLLM 0.27.1 uses the larger batch defaults.
+LARGE_GPU_BYTES = 70 * GIB
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="memory budget, KV cache capacity and recommended vLLM flags for one deployment",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--config", required=True, help="config.json path, model directory, or reference id (e.g. llama-3.1-8b)")
+    p.add_argument("--gpu", default=None, help=f"GPU name from the catalogue (default {DEFAULT_GPU})")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length in tokens (default: the model's max_position_embeddings)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV cache dtype (default auto = model dtype)")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block, a multiple of 16 (default 16 on CUDA)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM 0.27.1's for the GPU)")
+    p.add_argument("--available-kv-gib", type=float, default=None,
+                   help="start from a logged 'Available KV cache memory' (GiB per GPU) instead of the budget")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``servebook plan`` prints."""
+
+    spec: ModelSpec
+    model_ref: str
+    gpu_name: str | None
+    gpu_memory_bytes: int | None
+    tp: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    default_max_num_seqs: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str
+    block_size: int | None
+    budget: MemoryBudget | None
+    available_kv_bytes: int
+    capacity: Capacity
+    recommended_max_num_seqs: int
+
+    def serve_command(self) -> str:
+        """A ``vllm serve`` command line with the flags this plan used (real 0.27.1 flags)."""
+        args = [
+            "vllm", "serve", self.model_ref,
+            "--tensor-parallel-size", str(self.tp),
+            "--max-model-len", str(self.max_model_len),
+            "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--max-num-seqs", str(self.recommended_max_num_seqs),
+        ]
+        if self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.block_size is not None:
+            args += ["--block-size", str(self.block_size)]
+        return shlex.join(args)
+
+    def to_dict(self) -> dict:
+        cap = self.capacity
+        b = self.budget
+        return {
+            "model": self.spec.name,
+            "vllm_rules": PINNED_VLLM,
+            "gpu": self.gpu_name,
+            "gpu_memory_gib": None if self.gpu_memory_bytes is None else self.gpu_memory_bytes / GIB,
+            "tp": self.tp,
+            "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "block_size": cap.block_size,
+            "kv_bytes_per_token": cap.layout.kv_bytes_per_token,
+            "weights_gib": weights_bytes_per_gpu(self.spec, self.tp) / GIB,
+            "activation_gib": None if b is None else b.activation_gib,
+            "non_torch_gib": None if b is None else b.non_torch_gib,
+            "cudagraph_gib": None if b is None else b.cudagraph_gib,
+            "budget_source": "logged" if b is None else f"model ({b.coefficients_status} coefficients)",
+            "available_kv_gib": self.available_kv_bytes / GIB,
+            "num_gpu_blocks": cap.num_gpu_blocks,
+            "kv_cache_tokens": cap.kv_cache_tokens,
+            "max_concurrency": cap.max_concurrency,
+            "kv_cache_groups": len(cap.layout.groups),
+            "padding_layers": cap.padding_layers,
+            "padding_waste_pct": cap.padding_waste_pct,
+            "recommended_max_num_seqs": self.recommended_max_num_seqs,
+            "vllm_serve_command": self.serve_command(),
+        }
+
+
+def recommended_max_num_seqs(max_concurrency: float, default_max_num_seqs: int) -> int:
+    """85% of the KV ceiling, at least 1, at most the ceiling and vLLM's default."""
+    ceiling = math.floor(max_concurrency)
+    if ceiling < 1:
+        raise ServebookError("the KV cache cannot hold one request of max_model_len; lower --max-model-len")
+    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * max_concurrency), ceiling, default_max_num_seqs))
+
+
+def batch_defaults(gpu_memory_bytes: int | None, gpu_name: str | None, max_model_len: int) -> tuple[int, int]:
+    """vLLM 0.27.1 ``vllm serve`` defaults: (max_num_batched_tokens, max_num_seqs).
+
+    ``EngineArgs.get_batch_defaults`` and ``_set_default_max_num_seqs_and_batched_tokens_args``:
+    8192/1024 on >= 70 GiB GPUs whose name lacks "a100", else 2048/256; the
+    token budget is then capped at ``max_num_seqs x max_model_len``.
+    """
+    large = (
+        gpu_memory_bytes is not None
+        and gpu_memory_bytes >= LARGE_GPU_BYTES
+        and "a100" not in (gpu_name or "").lower()
+    )
+    tokens, seqs = (8192, 1024) if large else (2048, 256)
+    return min(tokens, seqs * max_model_len), seqs
+
+
+def _resolve_gpu(name: str) -> tuple[str, int]:
+    try:
+        from servebook.hardware import get_gpu
+    except ImportError:  # pragma: no cover - the catalogue ships with the package
+        raise ServebookError("the GPU catalogue (servebook.hardware) is not available; pass --available-kv-gib") from None
+    gpu = get_gpu(name)
+    return getattr(gpu, "name", name), int(gpu.memory_bytes)
+
+
+def _model_ref(config: str, spec: ModelSpec) -> str:
+    """What to put after ``vllm serve``: the Hub repo of a reference id, or the local directory."""
+    path = Path(config)
+    if path.exists():
+        return str(path.parent if path.is_file() else path)
+    sources = Path(__file__).resolve().parents[1] / "data" / "models" / "SOURCES.md"
+    try:
+        for line in sources.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 2 and cells[0] == config and re.fullmatch(r"[\w.-]+/[\w.-]+", cells[1]):
+                return cells[1]
+    except OSError:
+        pass
+    return config
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ServebookError(f"--{name} {value} is out of range; use a positive integer")
+
+
+def make_plan(
+    config: str,
+    *,
+    gpu: str | None = None,
+    tp: int = 1,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_cache_dtype: str = "auto",
+    block_size: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    available_kv_gib: float | None = None,
+) -> Plan:
+    """Compute a :class:`Plan` (the CLI's work, callable from notebooks)."""
+    from servebook.hf_config import load_model_spec
+
+    check_utilization(gpu_memory_utilization)
+    _positive("tp", tp)
+    _positive("max-model-len", max_model_len)
+    _positive("max-num-batched-tokens", max_num_batched_tokens)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ServebookError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
+    if available_kv_gib is not None and not (available_kv_gib > 0 and math.isfinite(available_kv_gib)):
+        raise ServebookError(f"--available-kv-gib {available_kv_gib} is out of range; use a positive number of GiB")
+    spec = load_model_spec(config)
+    if max_model_len is None:
+        max_model_len = spec.max_position_embeddings
+        if max_model_len < 1:
+            raise ServebookError(f"{spec.name} has no max_position_embeddings; pass --max-model-len")
+    elif spec.max_position_embeddings and max_model_len > spec.max_position_embeddings:
+        raise ServebookError(
+            f"--max-model-len {max_model_len} exceeds the model's max_position_embeddings "
+            f"({spec.max_position_embeddings}); use a value in [1, {spec.max_position_embeddings}]"
+        )
+    # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
+    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
+
+    gpu_name, gpu_bytes = None, None
+    if gpu is not None or available_kv_gib is None:
+        gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
+    default_tokens, default_seqs = batch_defaults(gpu_bytes if gpu_bytes is not None else LARGE_GPU_BYTES, gpu_name, max_model_len)
+    tokens = max_num_batched_tokens or default_tokens
+
+    budget = None
+    if available_kv_gib is not None:
+        available = round(available_kv_gib * GIB)
+    else:
+        budget = memory_budget(
+            spec,
+            gpu_memory_bytes=gpu_bytes,
+            max_num_batched_tokens=tokens,
+            max_num_seqs=default_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tp=tp,
+        )
+        available = budget.available_kv_bytes
+    cap = capacity(
+        spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
+        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
+    )
+    return Plan(
+        spec=spec,
+        model_ref=_model_ref(config, spec),
+        gpu_name=gpu_name,
+        gpu_memory_bytes=gpu_bytes,
+        tp=tp,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=tokens,
+        default_max_num_seqs=default_seqs,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        budget=budget,
+        available_kv_bytes=available,
+        capacity=cap,
+        recommended_max_num_seqs=recommended_max_num_seqs(cap.max_concurrency, default_seqs),
+    )
+
+
+def _table(plan: Plan) -> str:
+    d = plan.to_dict()
+    cap = plan.capacity
+    b = plan.budget
+    lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {PINNED_VLLM} rules)"]
+    lines.append("")
+    if b is not None:
+        lines.append(f"Memory budget per GPU ({plan.gpu_name}; coefficients: {b.coefficients_status})")
+        lines.append(f"  {'GPU memory x utilization':28s}{b.total_memory_gib:10.2f} GiB x {b.gpu_memory_utilization:g} = {b.requested_gib:.2f} GiB")
+        lines.append(f"  {'- weights':28s}{b.weights_gib:10.2f} GiB")
+        lines.append(f"  {'- peak activation':28s}{b.activation_gib:10.2f} GiB")
+        lines.append(f"  {'- non-torch':28s}{b.non_torch_gib:10.2f} GiB")
+        lines.append(f"  {'- CUDA graphs':28s}{b.cudagraph_gib:10.2f} GiB")
+        lines.append(f"  {'= available KV cache':28s}{b.available_kv_gib:10.2f} GiB")
+    else:
+        lines.append("Memory budget per GPU: taken from the log (--available-kv-gib)")
+        lines.append(f"  {'weights (from the config)':28s}{d['weights_gib']:10.2f} GiB")
+        lines.append(f"  {'available KV cache':28s}{d['available_kv_gib']:10.2f} GiB")
+    lines.append("")
+    lines.append("KV cache (per GPU)")
+    lines.append(f"  {'bytes per token':28s}{cap.layout.kv_bytes_per_token:>10,} B (all layers, full context)")
+    lines.append(f"  {'block size':28s}{cap.block_size:>10} tokens; {len(cap.layout.groups)} group(s) of {cap.layout.group_size} layer(s)")
+    if cap.padding_layers:
+        lines.append(f"  {'padding layers':28s}{cap.padding_layers:>10} (may waste at most {cap.padding_waste_pct:.2f}%)")
+    lines.append(f"  {'GPU blocks':28s}{cap.num_gpu_blocks:>10,}")
+    lines.append(f"  {'GPU KV cache size':28s}{cap.kv_cache_tokens:>10,} tokens")
+    lines.append(f"  {'concurrency ceiling':28s}{cap.max_concurrency:>10.2f}x requests of {plan.max_model_len:,} tokens")
+    lines.append("")
+    lines.append("Recommended")
+    lines.append(f"  --max-num-seqs {plan.recommended_max_num_seqs} (85% of the ceiling, at most vLLM's default {plan.default_max_num_seqs})")
+    lines.append(f"  {plan.serve_command()}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    plan = make_plan(
+        args.config,
+        gpu=args.gpu,
+        tp=args.tp,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        available_kv_gib=args.available_kv_gib,
+    )
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(_table(plan))
+    return 0

@@ -1,0 +1,142 @@
+"""``servebook plan``: JSON fields against hand arithmetic, the table, the serve command, bad input."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from servebook.cli import main
+
+GIB = 2**30
+
+
+def plan_json(capsys, *args):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def plan_error(capsys, *args) -> str:
+    assert main(["plan", *args]) == 2
+    return capsys.readouterr().err
+
+
+def test_llama_8b_from_a_logged_budget_by_hand(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "100", "--max-model-len", "8192")
+    # 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131072 B/token; a 16-token block of all layers = 2 MiB.
+    assert d["kv_bytes_per_token"] == 131072
+    assert d["num_gpu_blocks"] == 100 * GIB // (16 * 131072) == 51200
+    assert d["max_concurrency"] == 51200 / (8192 // 16) == 100.0
+    assert d["kv_cache_tokens"] == 819200
+    assert d["padding_layers"] == 0
+    assert d["available_kv_gib"] == 100.0
+    # 8.03 B parameters in bf16 (Hub figure) ~ 14.96 GiB
+    assert d["weights_gib"] == pytest.approx(8.03e9 * 2 / GIB, rel=0.01)
+    # 85% of a 100-request ceiling
+    assert d["recommended_max_num_seqs"] == 85
+    # H200 is the default GPU: vllm serve defaults there are 8192 tokens / 1024 sequences.
+    assert d["max_num_batched_tokens"] == 8192
+
+
+def test_recommended_max_num_seqs_never_exceeds_what_the_cache_holds(capsys):
+    # 1.2 full-length requests fit: 85% -> 1, the ceiling is 1.
+    one_request = 128 * 1024 * 8192 / GIB  # GiB for one 8192-token request
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", f"{1.2 * one_request}", "--max-model-len", "8192")
+    assert d["max_concurrency"] == pytest.approx(1.2, abs=0.01)
+    assert d["recommended_max_num_seqs"] == 1
+
+
+def test_recommendation_is_capped_at_vllm_default_max_num_seqs(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "120", "--max-model-len", "128")
+    assert d["max_concurrency"] > 1024 / 0.85
+    assert d["recommended_max_num_seqs"] == 1024
+
+
+def test_fp8_doubles_the_blocks(capsys):
+    bf16 = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "40", "--max-model-len", "4096")
+    fp8 = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "40", "--max-model-len", "4096",
+                    "--kv-cache-dtype", "fp8")
+    assert fp8["kv_bytes_per_token"] * 2 == bf16["kv_bytes_per_token"]
+    assert fp8["num_gpu_blocks"] == 2 * bf16["num_gpu_blocks"]
+    assert "--kv-cache-dtype fp8" in fp8["vllm_serve_command"]
+
+
+def test_gemma3_27b_reports_its_padding_layers(capsys):
+    d = plan_json(capsys, "--config", "gemma-3-27b", "--available-kv-gib", "40", "--max-model-len", "32768")
+    assert d["padding_layers"] == 8  # 52 sliding layers padded to 6 groups of 10
+    assert d["padding_waste_pct"] == 15.38
+
+
+def test_budget_path_on_h200_is_positive_and_consistent(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--gpu", "H200", "--max-model-len", "8192")
+    claims = d["weights_gib"] + d["activation_gib"] + d["non_torch_gib"] + d["cudagraph_gib"]
+    assert d["available_kv_gib"] == pytest.approx(d["gpu_memory_gib"] * 0.92 - claims, abs=1e-6)
+    assert 0 < d["available_kv_gib"] < d["gpu_memory_gib"]
+
+
+def test_smaller_gpus_get_the_smaller_batch_default(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--gpu", "L40S", "--max-model-len", "4096")
+    assert d["max_num_batched_tokens"] == 2048  # < 70 GiB: vllm serve default 2048
+
+
+def test_serve_command_uses_real_flags_and_the_hub_repo(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "50", "--max-model-len", "8192",
+                  "--tp", "2", "--block-size", "32", "--gpu-memory-utilization", "0.9")
+    argv = shlex.split(d["vllm_serve_command"])
+    assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags == {
+        "--tensor-parallel-size": "2", "--max-model-len": "8192", "--gpu-memory-utilization": "0.9",
+        "--max-num-batched-tokens": "8192", "--max-num-seqs": str(d["recommended_max_num_seqs"]),
+        "--block-size": "32",
+    }
+
+
+def test_table_shows_the_four_claims_and_the_flags(capsys):
+    assert main(["plan", "--config", "llama-3.1-8b", "--gpu", "H200", "--max-model-len", "8192"]) == 0
+    out = capsys.readouterr().out
+    for label in ("weights", "peak activation", "non-torch", "CUDA graphs", "available KV cache",
+                  "concurrency ceiling", "--max-num-seqs", "vllm serve"):
+        assert label in out
+
+
+def test_model_that_does_not_fit_names_the_tp_to_use(capsys):
+    err = plan_error(capsys, "--config", "llama-3.1-70b", "--gpu", "H100", "--max-model-len", "8192")
+    # 70.6 B params x 2 bytes = 131 GiB > 80 GiB x 0.92; two H100s hold 65.7 GiB each.
+    assert "--tensor-parallel-size 2" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--gpu-memory-utilization", "0"], "(0, 1]"),
+        (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
+        (["--block-size", "24"], "multiple of 16"),
+        (["--max-model-len", "-5"], "positive"),
+        (["--max-model-len", "999999999"], "max_position_embeddings"),
+        (["--max-num-batched-tokens", "0"], "positive"),
+        (["--tp", "3"], "use one of"),
+        (["--available-kv-gib", "-1"], "positive number of GiB"),
+        (["--gpu", "Z9000"], "Z9000"),
+    ],
+)
+def test_out_of_range_input_names_what_to_change(capsys, args, needle):
+    base = ["--config", "llama-3.1-8b"]
+    if "--gpu" not in args and "--available-kv-gib" not in args:
+        base += ["--available-kv-gib", "50"]
+    err = plan_error(capsys, *base, *args)
+    assert needle in err and "Traceback" not in err
+
+
+def test_context_too_long_for_the_budget_is_a_clear_error(capsys):
+    err = plan_error(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", "1", "--max-model-len", "131072")
+    assert "longest context that fits is" in err
+
+
+def test_config_path_is_accepted(capsys, tmp_path):
+    from servebook.hf_config import load_reference_config
+
+    (tmp_path / "config.json").write_text(json.dumps(load_reference_config("qwen3-32b")))
+    d = plan_json(capsys, "--config", str(tmp_path / "config.json"), "--available-kv-gib", "30", "--max-model-len", "4096")
+    assert d["kv_bytes_per_token"] == 64 * 2 * 8 * 128 * 2  # head_dim 128 from the config, not 5120/64
+    assert shlex.split(d["vllm_serve_command"])[2] == str(tmp_path)
