@@ -14,8 +14,8 @@ QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", 
                  max_position_embeddings=40960, tie_word_embeddings=False, torch_dtype="bfloat16", head_dim=128,
                  decoder_sparse_step=1, mlp_only_layers=[])
 
-# NVIDIA H200 SXM datasheet: 141 GB, 4.8 TB/s, 989 TFLOP/s dense bf16, NVLink 900 GB/s (450 each way)
-H200 = GPUNumbers("h200", 141 * 10**9, 4.8e12, 989e12, 1979e12, 450e9)
+# NVIDIA H200 SXM datasheet: 141 GB, 4.8 TB/s, 989 TFLOP/s dense bf16, NVLink 900 GB/s (both directions; 450 each way)
+H200 = GPUNumbers("h200", 141 * 10**9, 4.8e12, 989e12, 1979e12, 900e9)
 
 # Known coefficients for synthetic-data tests (not calibrated values: test inputs)
 KNOWN = Coefficients(step_overhead_s=2e-3, per_sequence_overhead_s=5e-6, request_overhead_s=8e-3,

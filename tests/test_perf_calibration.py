@@ -59,7 +59,7 @@ def test_split_is_a_checkerboard_by_rank():
     held = {(p.batch, p.prompt_tokens) for p in pts if p.phase == "decode" and p.heldout}
     assert held == {(1, 4096), (8, 512), (64, 4096)}
     assert {p.prompt_tokens for p in pts if p.phase == "prefill" and p.heldout} == {2048, 16384}
-    assert pts[0].gpu == "h200"
+    assert pts[0].gpu == "H200-SXM-141GB"  # the catalogue name of "NVIDIA H200"
 
 
 def test_malformed_record_is_refused(tmp_path):

@@ -83,29 +83,57 @@ class Point:
 # Reading recorded data
 
 def catalogue_gpu_name(reported: str) -> str:
-    """Catalogue name for a GPU name as the driver reports it ("NVIDIA H200" -> "h200")."""
-    n = reported.lower().replace("nvidia", "").strip()
-    for token in ("h200", "h100", "a100", "l40s", "b200", "h20", "a10g", "l4"):
-        if token in n:
-            if token == "h100":
-                return "h100-nvl" if "nvl" in n else ("h100-pcie" if "pcie" in n else "h100-sxm")
-            return token
-    return n.replace(" ", "-")
+    """Catalogue name for a GPU name as the driver reports it ("NVIDIA H200" -> "H200-SXM-141GB")."""
+    from servebook.perf.model import canonical_gpu_name
+
+    return canonical_gpu_name(reported)
 
 
-def read_results(path: str | Path) -> dict:
-    """One step-timing record, validated against the schema (ServebookError if malformed)."""
+def _validate(rec: dict, where: str) -> dict:
+    for key in ("gpu", "model", "engine_args", "decode", "prefill", "vllm_version"):
+        if key not in rec:
+            raise ServebookError(f"{where}: missing {key!r}")
+    if "config" not in rec["model"] or "id" not in rec["model"]:
+        raise ServebookError(f"{where}: model needs 'id' and 'config' (the config.json the engine ran)")
+    return rec
+
+
+def records_in(data: dict, where: str = "record") -> list[dict]:
+    """Step-timing records in a file: one flat record, or the recording tool's ``cases`` list.
+
+    ``labs/tools/gpu_record.py timing`` writes ``{"cases": [{"model_id", "config",
+    "engine_args", "result": {"decode", "prefill"}}, ...]}`` with the GPU and vLLM
+    version at the top; each successful case becomes one flat record.
+    """
+    if data.get("schema") != SCHEMA:
+        raise ServebookError(f"{where}: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+    if "cases" not in data:
+        return [_validate(data, where)]
+    out = []
+    for case in data["cases"]:
+        result = case.get("result") or {}
+        if case.get("returncode") not in (0, None) or not result.get("decode") and not result.get("prefill"):
+            continue
+        out.append(_validate({
+            "schema": SCHEMA, "date": data.get("date"), "gpu": data.get("gpu", {}),
+            "vllm_version": data.get("vllm_version"), "torch_version": data.get("torch_version"),
+            "model": {"id": case.get("model_id") or case.get("name"), "config": case.get("config"),
+                      "config_sha256": case.get("config_sha256")},
+            "engine_args": case.get("engine_args", {}), "method": data.get("method", ""),
+            "decode": result.get("decode", []), "prefill": result.get("prefill", [])}, where))
+    return out
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """The step-timing records in one file, validated (ServebookError if malformed)."""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ServebookError(f"cannot read step-timing record {p}: {exc}") from None
-    if data.get("schema") != SCHEMA:
-        raise ServebookError(f"{p}: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    for key in ("gpu", "model", "engine_args", "decode", "prefill", "vllm_version"):
-        if key not in data:
-            raise ServebookError(f"{p}: missing {key!r}")
-    return data
+    if not isinstance(data, dict):
+        raise ServebookError(f"{p}: expected a JSON object")
+    return records_in(data, str(p))
 
 
 def model_spec_of(record: dict) -> ModelSpec:
@@ -272,15 +300,15 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> dict:
     specs: dict[str, ModelSpec] = {}
     sources = []
     for f in files:
-        rec = read_results(f)
         rel = str(f.relative_to(REPO_ROOT)) if f.is_relative_to(REPO_ROOT) else str(f)
-        specs[rec["model"]["id"]] = model_spec_of(rec)
-        pts = points_of(rec, rel)
-        by_gpu.setdefault(pts[0].gpu if pts else catalogue_gpu_name(rec["gpu"]["name"]), []).extend(pts)
-        sources.append({"file": rel, "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
-                        "model": rec["model"]["id"], "gpu": rec["gpu"]["name"], "date": rec.get("date"),
-                        "vllm_version": rec["vllm_version"], "decode_points": len(rec["decode"]),
-                        "prefill_points": len(rec["prefill"])})
+        for rec in read_results(f):
+            specs[rec["model"]["id"]] = model_spec_of(rec)
+            pts = points_of(rec, rel)
+            by_gpu.setdefault(catalogue_gpu_name(rec["gpu"].get("name", "")), []).extend(pts)
+            sources.append({"file": rel, "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+                            "model": rec["model"]["id"], "gpu": rec["gpu"].get("name"), "date": rec.get("date"),
+                            "vllm_version": rec["vllm_version"], "engine_args": rec["engine_args"],
+                            "decode_points": len(rec["decode"]), "prefill_points": len(rec["prefill"])})
     record = {"schema": CALIBRATION_SCHEMA, "generated_by": "python -m servebook.perf.calibrate",
               "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "split_rule": SPLIT_RULE, "goals": GOALS, "sources": sources,
@@ -387,3 +415,33 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def load_measurements(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> tuple[list[Point], dict[str, ModelSpec]]:
+    """Every recorded point (tagged calibration/held out) and the ModelSpecs they ran; ([], {}) if none."""
+    root = Path(results_dir)
+    points: list[Point] = []
+    specs: dict[str, ModelSpec] = {}
+    for f in sorted(root.glob("*.json")) if root.exists() else []:
+        for rec in read_results(f):
+            specs[rec["model"]["id"]] = model_spec_of(rec)
+            points += points_of(rec, f.name)
+    return points, specs
+
+
+def measured_vs_predicted(results_dir: str | Path = DEFAULT_RESULTS_DIR, calibration: str | Path | None = None
+                          ) -> list[dict]:
+    """Recorded points next to the shipped calibration's predictions (one dict per point)."""
+    from servebook.perf.model import calibrated_coefficients
+
+    points, specs = load_measurements(results_dir)
+    rows = []
+    for gpu in sorted({p.gpu for p in points}):
+        pts = [p for p in points if p.gpu == gpu]
+        coeffs, _ = calibrated_coefficients(gpu, calibration)
+        pred = predict_points(pts, specs, gpu, coeffs)
+        rows += [{"model": p.model_id, "gpu": gpu, "phase": p.phase, "heldout": p.heldout, "batch": p.batch,
+                  "context_tokens": p.context_tokens, "prompt_tokens": p.prompt_tokens, "tp": p.tp,
+                  "measured_s": p.measured_s, "predicted_s": float(q),
+                  "error": float(q) / p.measured_s - 1.0} for p, q in zip(pts, pred)]
+    return rows

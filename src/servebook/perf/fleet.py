@@ -165,33 +165,18 @@ class FleetPlan:
 
 
 def kv_budget_bytes_per_gpu(spec: ModelSpec, gpu, *, tp: int, gpu_memory_utilization: float,
-                            max_num_batched_tokens: int) -> tuple[float, str]:
-    """KV cache bytes per GPU and where the figure comes from.
+                            max_num_batched_tokens: int, max_num_seqs: int = 256) -> tuple[float, str]:
+    """KV cache bytes per GPU (vLLM's start-up accounting, :func:`servebook.memory.memory_budget`) and its status.
 
-    Uses :mod:`servebook.memory` (vLLM's own accounting, calibrated on startup
-    logs) when it is available.
+    Raises:
+        DoesNotFitError: the weights and other claims leave no room (the message names the smallest TP).
     """
-    try:
-        from servebook import memory  # noqa: WPS433 (optional until it lands)
+    from servebook.memory import memory_budget
 
-        fn = getattr(memory, "kv_budget_bytes", None) or getattr(memory, "available_kv_bytes", None)
-    except ImportError:
-        fn = None
-    if fn is not None:
-        try:
-            b = fn(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                   max_num_batched_tokens=max_num_batched_tokens)
-            return float(getattr(b, "kv_cache_bytes", b)), "servebook.memory"
-        except TypeError:
-            pass
     g = gpu_numbers(gpu)
-    # Stand-in: usable memory minus this rank's weights and a peak-activation
-    # allowance of one step's tokens through the widest layer (bf16, x4 for temporaries).
-    width = max(spec.hidden_size, spec.intermediate_size or 0,
-                (spec.moe.expert_intermediate_size * spec.moe.experts_per_token) if spec.moe else 0)
-    activation = max_num_batched_tokens * width * 2 * 4 / tp
-    budget = g.memory_bytes * gpu_memory_utilization - spec.weight_bytes / tp - activation
-    return budget, "weights and activation estimate (servebook.memory not available)"
+    b = memory_budget(spec, gpu_memory_bytes=int(g.memory_bytes), max_num_batched_tokens=int(max_num_batched_tokens),
+                      max_num_seqs=int(max_num_seqs), gpu_memory_utilization=gpu_memory_utilization, tp=tp)
+    return float(b.available_kv_bytes), f"servebook.memory.memory_budget ({b.coefficients_status} coefficients)"
 
 
 def _running_contexts(w: Workload, points_per_sequence: int = 8):
@@ -239,7 +224,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         kv_budget, where = float(d.kv_budget_bytes_per_gpu), "given"
     else:
         kv_budget, where = kv_budget_bytes_per_gpu(spec, d.gpu, tp=tp, gpu_memory_utilization=d.gpu_memory_utilization,
-                                                   max_num_batched_tokens=d.max_num_batched_tokens)
+                                                   max_num_batched_tokens=d.max_num_batched_tokens,
+                                                   max_num_seqs=d.max_num_seqs)
     notes.append(f"KV budget per GPU: {where}")
     spec_k = d.speculation.k if d.speculation else 0
     drafter = d.speculation.drafter if d.speculation else None
@@ -347,14 +333,15 @@ def draft_estimate(requests: int, input_tokens: int, output_tokens: int, *, acti
 
 
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
-                       gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192) -> tuple[int, float, float]:
+                       gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                       max_num_seqs: int = 256) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
     Per-sequence bytes round the context up to whole 16-token blocks; sliding
     layers hold their window plus one block.
     """
     budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                                        max_num_batched_tokens=max_num_batched_tokens)
+                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     ctx = math.ceil(context_tokens / BLOCK_TOKENS) * BLOCK_TOKENS
     per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype,
                                           sliding_extra_tokens=BLOCK_TOKENS))

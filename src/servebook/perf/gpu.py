@@ -23,8 +23,8 @@ class GPUNumbers:
         hbm_bandwidth_bytes_per_s: peak HBM bandwidth, bytes/s.
         bf16_dense_flops: peak dense bf16 tensor throughput, FLOP/s (no sparsity).
         fp8_dense_flops: peak dense fp8 tensor throughput, FLOP/s (no sparsity).
-        interconnect_bytes_per_s: GPU-to-GPU bandwidth per direction, bytes/s
-            (NVLink), used for tensor-parallel all-reduce.
+        interconnect_bytes_per_s: NVLink bandwidth per GPU, all links, both directions,
+            bytes/s (the catalogue's figure); an all-reduce sends at half of it.
     """
 
     name: str
@@ -33,6 +33,11 @@ class GPUNumbers:
     bf16_dense_flops: float
     fp8_dense_flops: float
     interconnect_bytes_per_s: float
+
+    @property
+    def link_bytes_per_s_each_way(self) -> float:
+        """NVLink bandwidth in one direction, bytes/s (what a ring all-reduce step sends at)."""
+        return self.interconnect_bytes_per_s / 2
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -71,18 +76,6 @@ def gpu_numbers(gpu) -> GPUNumbers:
         return gpu
     if not isinstance(gpu, str):
         return _from_object(gpu)
-    try:
-        from servebook import hardware  # the shared GPU catalogue (data/gpus.toml)
-    except ImportError:  # until the catalogue lands: a private stand-in for the two GPUs used here
-        key = gpu.lower()
-        if key not in _STANDIN:
-            raise UnknownGPUError(f"unknown GPU {gpu!r}; known: {sorted(_STANDIN)}") from None
-        return _STANDIN[key]
+    from servebook import hardware  # the shared GPU catalogue (data/gpus.toml)
+
     return _from_object(hardware.get_gpu(gpu))
-
-
-# NVIDIA H100/H200 SXM datasheets: 3.35 / 4.8 TB/s, 989 TFLOP/s dense bf16, NVLink 900 GB/s (both directions).
-_STANDIN = {
-    "h200": GPUNumbers("h200", 141 * 10**9, 4.8e12, 989e12, 1979e12, 450e9),
-    "h100-sxm": GPUNumbers("h100-sxm", 80 * 10**9, 3.35e12, 989e12, 1979e12, 450e9),
-}

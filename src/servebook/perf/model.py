@@ -21,6 +21,7 @@ the GPU catalogue. Nothing here assumes an efficiency.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
                             np.asarray(attention_flops) / (flops * c.attention_eff), c.smoothmax_p)
     allreduce_s = 0.0 * tokens
     if tp > 1:
-        link = g.interconnect_bytes_per_s * (c.link_eff if c.link_eff is not None else 1.0)
+        link = g.link_bytes_per_s_each_way * (c.link_eff if c.link_eff is not None else 1.0)
         if link <= 0:
             raise ServebookError(f"GPU {g.name} has no interconnect bandwidth in the catalogue; "
                                  "tensor parallelism cannot be modelled on it")
@@ -222,14 +223,29 @@ CALIBRATION_FILE = _DATA / "calibration.json"
 
 
 def load_calibration(path: str | Path | None = None) -> dict:
-    """The calibration record (coefficients per GPU, split, held-out errors, provenance)."""
-    p = Path(path) if path else CALIBRATION_FILE
+    """The calibration record (coefficients per GPU, split, held-out errors, provenance).
+
+    ``path`` defaults to ``$SERVEBOOK_PERF_CALIBRATION`` if set, else the shipped file.
+    """
+    p = Path(path or os.environ.get("SERVEBOOK_PERF_CALIBRATION") or CALIBRATION_FILE)
     if not p.exists():
         raise ServebookError(
             f"no step-time calibration at {p}: record measurements under labs/results/step_timing/ "
             "and run `python -m servebook.perf.calibrate` (efficiencies are never assumed)"
         )
     return json.loads(p.read_text())
+
+
+def canonical_gpu_name(name: str) -> str:
+    """The catalogue's canonical name for a GPU name or alias ("NVIDIA H200" -> "H200-SXM-141GB")."""
+    from servebook.hardware import get_gpu
+
+    n = str(name)
+    try:
+        return get_gpu(n).name
+    except ServebookError:
+        stripped = n.lower().replace("nvidia", "").strip()
+        return get_gpu(stripped).name
 
 
 def calibrated_coefficients(gpu_name: str, path: str | Path | None = None) -> tuple[Coefficients, str]:
@@ -239,8 +255,8 @@ def calibrated_coefficients(gpu_name: str, path: str | Path | None = None) -> tu
     are used with the new GPU's peaks, and the note says so.
     """
     record = load_calibration(path)
-    per_gpu = record["coefficients"]
-    key = gpu_name.lower()
+    per_gpu = {canonical_gpu_name(k): v for k, v in record["coefficients"].items()}
+    key = canonical_gpu_name(gpu_name)
     if key in per_gpu:
         return Coefficients.from_dict(per_gpu[key]), f"calibrated on {key}"
     measured = sorted(per_gpu)
