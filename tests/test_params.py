@@ -226,7 +226,9 @@ def test_reference_layer_layouts():
     assert {l.sliding_window for l in gemma3.layers if l.kind == "sliding"} == {1024}
     g4 = load_model_spec("gemma-4-26b-a4b")
     assert g4.moe.num_experts == 128 and g4.moe.experts_per_token == 8
-    assert g4.moe.expert_intermediate_size == 704 and g4.intermediate_size == 2112
+    assert g4.moe.expert_intermediate_size == 704
+    # the dense MLP (intermediate_size 2112) runs beside the experts on every token
+    assert g4.moe.num_shared_experts == 1 and g4.moe.shared_intermediate_size == 2112
 
 
 # --- cross-check against transformers (independent implementation) ---------------------

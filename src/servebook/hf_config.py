@@ -25,7 +25,11 @@ Approximations (documented, deliberate):
   those weights unless MTP speculative decoding is on. :func:`mtp_params`
   sizes it separately.
 * Checkpoints stored in float32 are counted at 2 bytes per parameter, as vLLM's
-  ``--dtype auto`` serves them in 16-bit.
+  ``--dtype auto`` serves them in 16-bit (``_resolve_auto_dtype`` in
+  ``vllm/config/model.py``, 0.27.1: "Downcast for float32 models").
+* Quantized checkpoints: ``mxfp4`` (gpt-oss: routed experts only, as its
+  ``modules_to_not_convert`` says) and block ``fp8`` (DeepSeek-V3) are modelled;
+  other ``quant_method`` values raise :class:`ConfigError`.
 """
 from __future__ import annotations
 
@@ -465,7 +469,10 @@ def _llama_like(f: _Fields, family: str, tied: bool) -> _Model:
                 tensors += _gated_mlp(MLP_DENSE, hidden, moe.shared_intermediate_size)
                 tensors.append(_Tensor(OTHER, 1, hidden))  # shared_expert_gate
         else:
-            tensors += _gated_mlp(MLP_DENSE, hidden, f.int("intermediate_size"))
+            inter = f.int("intermediate_size")
+            tensors += _gated_mlp(MLP_DENSE, hidden, inter)
+            if f.bool("mlp_bias"):
+                tensors.append(_Tensor(MLP_DENSE, 2 * inter + hidden))  # gate, up, down biases
         layers.append(_Layer(attn, tensors, i in moe_layers))
     dense_inter = f.int("intermediate_size") if len(moe_layers) < n else 0
     return _Model(layers, _embeddings(f, tied), moe, dense_inter)
@@ -599,7 +606,7 @@ def _gemma(f: _Fields, family: str, tied: bool) -> _Model:
                 _Tensor(OTHER, hidden, per_layer, linear=True),
                 _Tensor(OTHER, hidden),
             ]
-    return _Model(layers, globals_, moe, f.int("intermediate_size"))
+    return _Model(layers, globals_, moe, 0 if moe is not None else f.int("intermediate_size"))
 
 
 def _per_layer_overrides(f: _Fields, n: int) -> dict[int, dict[str, int]]:
@@ -630,7 +637,9 @@ def _gemma4_moe(f: _Fields, n: int) -> MoESpec | None:
     _check_top_k(f, k, experts)
     inter = f.int("moe_intermediate_size")
     hidden = f.int("hidden_size")
-    return MoESpec(experts, k, inter, 0, 0, tuple(range(n)), 3 * hidden * inter)
+    # Every Gemma 4 MoE layer also runs its dense MLP (intermediate_size) on every token:
+    # described as one always-active shared expert.
+    return MoESpec(experts, k, inter, 1, f.int("intermediate_size"), tuple(range(n)), 3 * hidden * inter)
 
 
 # --- gpt-oss -----------------------------------------------------------------
