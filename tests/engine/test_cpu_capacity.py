@@ -56,3 +56,38 @@ def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
     assert log.kv_cache_tokens == cap.kv_cache_tokens
     assert log.max_concurrency == round(cap.max_concurrency, 2)
     assert log.concurrency_max_model_len == 1500
+
+
+PARSE = r"""
+import json, sys
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
+keys = ["model_tag", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization",
+        "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype", "block_size"]
+print("SERVEBOOK_ARGS " + json.dumps({k: getattr(args, k) for k in keys}))
+"""
+
+
+def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(tmp_path):
+    import shlex
+
+    from servebook.commands.plan import make_plan
+    from servebook.engine_env import vllm_python
+    import subprocess
+
+    plan = make_plan("llama-3.1-8b", available_kv_gib=50, max_model_len=8192, tp=2,
+                     kv_cache_dtype="fp8", block_size=32, gpu_memory_utilization=0.9)
+    argv = shlex.split(plan.serve_command())
+    assert argv[:2] == ["vllm", "serve"]
+    script = tmp_path / "parse.py"
+    script.write_text(PARSE)
+    proc = subprocess.run([str(vllm_python()), str(script), *argv[2:]], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_ARGS "))
+    parsed = json.loads(line.split(" ", 1)[1])
+    assert parsed == {
+        "model_tag": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 2, "max_model_len": 8192,
+        "gpu_memory_utilization": 0.9, "max_num_batched_tokens": plan.max_num_batched_tokens,
+        "max_num_seqs": plan.recommended_max_num_seqs, "kv_cache_dtype": "fp8", "block_size": 32,
+    }
