@@ -1,0 +1,54 @@
+"""Sphinx extension: tell readers of every notebook page how to run it live.
+
+Each page under ``notebooks/`` gets a short note under its title: where to download the source
+(the download button offers the MyST ``.md`` file) and how to open it in JupyterLab, where
+jupytext opens MyST-markdown notebooks. Pages under ``labs/`` get the GPU-node version of the note.
+"""
+from __future__ import annotations
+
+import os
+
+from docutils import nodes
+
+
+def _note(docname: str, source_suffix: str) -> nodes.Node | None:
+    path = f"{docname}{source_suffix}"
+    if docname.startswith("notebooks/"):
+        intro = ("Run this notebook live: download its source with the download button at the top of "
+                 f"the page ({path}, a MyST-markdown notebook), or use a clone of the repository. "
+                 "In JupyterLab, right-click the file and choose Open With → Jupytext Notebook.")
+        steps = (f"bash scripts/book.sh            # once: makes .venv with the book's requirements\n"
+                 f".venv/bin/pip install \"jupyterlab>=4.2,<5\"\n"
+                 f".venv/bin/jupyter lab {path}")
+    elif docname.startswith("labs/"):
+        intro = ("This GPU lab starts a real vLLM engine and is never executed when the book is built. "
+                 "Run it on a GPU node (README: “Run the labs on a GPU node”); in JupyterLab, "
+                 "right-click the file and choose Open With → Jupytext Notebook.")
+        steps = (f"python3 -m venv .venv-labs && .venv-labs/bin/pip install -r requirements-gpu-labs.txt\n"
+                 f".venv-labs/bin/jupyter lab {path}")
+    else:
+        return None
+    note = nodes.admonition(classes=["tip", "servebook-run-live"])
+    note += nodes.title(text="Run it live")
+    note += nodes.paragraph(text=intro)
+    note += nodes.literal_block(steps, steps, language="bash")
+    return note
+
+
+def _add_note(app, doctree: nodes.document) -> None:
+    docname = app.env.docname
+    suffix = os.path.splitext(str(app.env.doc2path(docname, base=False)))[1]
+    note = _note(docname, suffix)
+    if note is None:
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        doctree.insert(0, note)
+        return
+    title_index = next((i for i, child in enumerate(section.children) if isinstance(child, nodes.title)), -1)
+    section.insert(title_index + 1, note)
+
+
+def setup(app):
+    app.connect("doctree-read", _add_note)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

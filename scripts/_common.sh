@@ -1,0 +1,77 @@
+# Shared helpers for scripts/book.sh, scripts/build-book.sh and scripts/test.sh (sourced, not run).
+# Each helper is idempotent: a stamp file holding a hash of its inputs skips work already done.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+die() { echo "error: $*" >&2; exit 1; }
+say() { echo "==> $*"; }
+
+# stage NAME COMMAND...: run a command, print how long it took, remember it for the summary.
+STAGE_TIMES=()
+stage() {
+  local name=$1; shift
+  local t0=$SECONDS rc=0
+  say "stage '$name'"
+  "$@" || rc=$?
+  local dt=$((SECONDS - t0))
+  STAGE_TIMES+=("$(printf '%-22s %4d s  %s' "$name" "$dt" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")")")
+  say "stage '$name' took ${dt} s (exit $rc)"
+  return $rc
+}
+print_stage_times() {
+  echo "---- stage times ----"
+  local line; for line in "${STAGE_TIMES[@]}"; do echo "$line"; done
+}
+
+hash_files() { (cd "$ROOT" && sha256sum "$@" 2>/dev/null | sha256sum | cut -c1-16); }
+
+# .venv with requirements.txt (book + library + tests); re-installs when requirements change.
+ensure_venv() {
+  command -v python3 >/dev/null || die "python3 not found: install Python 3.10-3.12 (Debian: apt-get install -y python3 python3-venv)"
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    python3 -m venv "$VENV" || die "python3 -m venv failed: install the venv module (Debian: apt-get install -y python3-venv)"
+  fi
+  local want; want=$(hash_files requirements.txt pyproject.toml)
+  local stamp="$VENV/.servebook-requirements"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import servebook, myst_nb" 2>/dev/null; then
+    say "$VENV is up to date with requirements.txt"
+    return 0
+  fi
+  say "installing requirements.txt into $VENV"
+  "$VENV/bin/pip" install -q -r "$ROOT/requirements.txt" || die "pip install -r requirements.txt failed (see above)"
+  echo "$want" > "$stamp"
+}
+
+# node_modules from package-lock.json (`npm ci`), then the vendored copy the book serves.
+ensure_js() {
+  command -v node >/dev/null && command -v npm >/dev/null || die "node/npm missing: the book vendors MathJax, require.js and the ipywidgets HTML manager from the npm registry. Install Node.js 18+ with npm (Debian: apt-get install -y nodejs npm)."
+  local want; want=$(hash_files package.json package-lock.json)
+  local stamp="$ROOT/node_modules/.servebook-lock"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    say "node_modules is up to date with package-lock.json"
+  else
+    say "npm ci (vendored JavaScript)"
+    (cd "$ROOT" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) || die "npm ci failed (see above); package-lock.json must match package.json (run 'npm install' and commit the lock)"
+    echo "$want" > "$stamp"
+  fi
+  vendor_js
+}
+
+# Copy the files the pages load into vendor/site/_vendor/ (published at _build/html/_vendor/).
+vendor_js() {
+  local nm="$ROOT/node_modules" out="$ROOT/vendor/site/_vendor"
+  rm -rf "$out" && mkdir -p "$out/mathjax" "$out/requirejs" "$out/html-manager" "$out/widgets"
+  cp -r "$nm/mathjax/es5" "$out/mathjax/es5"
+  cp "$nm/mathjax/LICENSE" "$out/mathjax/"
+  cp "$nm/requirejs/require.js" "$nm/requirejs/package.json" "$out/requirejs/"
+  find "$nm/@jupyter-widgets/html-manager/dist" -maxdepth 1 -type f ! -name '*.map' -exec cp {} "$out/html-manager/" \;
+  cp "$nm/@jupyter-widgets/html-manager/package.json" "$out/html-manager/"
+  cp "$ROOT/book/_ext/widgets-setup.js" "$out/widgets-setup.js"
+  echo "Third-party widget modules would be looked up here; the book uses only ipywidgets' built-in ones (bundled in html-manager/embed-amd.js)." > "$out/widgets/README.txt"
+  for f in mathjax/es5/tex-chtml.js requirejs/require.js html-manager/embed-amd.js; do
+    [ -s "$out/$f" ] || die "vendored file $out/$f is missing after npm ci; check package.json"
+  done
+}

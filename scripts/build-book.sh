@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build the book into _build/html (no server). The one build step shared by scripts/book.sh,
+# scripts/test.sh and .github/workflows/publish.yml:
+#   .venv + requirements.txt, `npm ci` + vendored JavaScript, then
+#   jupyter-book build -W -n --keep-going .   (any warning or failing notebook fails the build)
+# Notebooks run at build time with a cache (_build/.jupyter_cache). Cached outputs are stale when the
+# library, the configuration or the requirements change, so a stamp of those inputs is kept in
+# _build/.servebook-inputs and the caches are cleared automatically when it differs.
+# CLEAN=1 scripts/build-book.sh   removes the whole _build first.
+set -euo pipefail
+source "$(dirname "$0")/_common.sh"
+cd "$ROOT"
+
+inputs_stamp() {
+  # One line per input group: a change in any group makes earlier notebook outputs untrustworthy.
+  echo "config    $(hash_files _config.yml _toc.yml $(ls book/_ext/*.py 2>/dev/null))"
+  echo "python    $(hash_files requirements.txt pyproject.toml)"
+  echo "js        $(hash_files package-lock.json)"
+  echo "library   $(hash_files $(find src/servebook -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | sort))"
+}
+
+clear_stale_cache() {
+  local stamp=_build/.servebook-inputs now
+  now=$(inputs_stamp)
+  if [ "${CLEAN:-0}" = 1 ]; then
+    say "CLEAN=1: removing _build"
+    rm -rf _build
+  elif [ -d _build ] && [ ! -f "$stamp" ]; then
+    say "_build has no input stamp (made by another tool?): clearing its caches to be safe"
+    rm -rf _build/.jupyter_cache _build/.doctrees _build/html _build/jupyter_execute
+  elif [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$now" ]; then
+    local changed
+    changed=$(diff <(echo "$now") "$stamp" | awk '/^</ {print $2}' | paste -sd, -)
+    say "build cache is stale (changed since the last build: ${changed:-unknown}); clearing _build/.jupyter_cache, _build/.doctrees and _build/html"
+    say "(to clear everything yourself: rm -rf _build, or CLEAN=1 bash scripts/build-book.sh)"
+    rm -rf _build/.jupyter_cache _build/.doctrees _build/html _build/jupyter_execute
+  fi
+  mkdir -p _build
+  echo "$now" > "$stamp"
+}
+
+build() {
+  clear_stale_cache
+  local log=_build/build.log rc=0
+  # The kernel ("python3") must be this venv's Python: put it first on PATH.
+  PATH="$VENV/bin:$PATH" "$VENV/bin/jupyter-book" build -W -n --keep-going . 2>&1 | tee "$log" || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo >&2
+    echo "error: the book did not build cleanly (exit $rc). Warnings and errors (full log: $log):" >&2
+    grep -E "WARNING|ERROR|Error|Traceback" "$log" | head -40 >&2 || true
+    if grep -qE "sqlite3\.|site-packages/jupyter_cache/|CachingError|database is locked|no such table" "$log"; then
+      echo "hint: the notebook cache looks broken; clear it with: rm -rf _build/.jupyter_cache (or CLEAN=1 bash scripts/build-book.sh)" >&2
+    fi
+    echo "hint: a failing notebook prints its traceback above and in _build/html/reports/; run it alone with: .venv/bin/python -m pytest tests/test_notebooks.py -k <name>" >&2
+    return $rc
+  fi
+  say "book built: $ROOT/_build/html/index.html"
+}
+
+stage "python env (.venv)" ensure_venv
+stage "vendored JavaScript" ensure_js
+stage "build book" build
+[ "${SERVEBOOK_NESTED:-0}" = 1 ] || print_stage_times
