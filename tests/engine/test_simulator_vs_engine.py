@@ -36,5 +36,3 @@ def test_simulator_matches_vllm_step_by_step():
     assert compare_traces(sim, engine) == []
     assert sim["num_preemptions"] == engine["num_preemptions"]
     assert sim["blocks_free"] == [s["free_blocks"] for s in engine["steps"]]
-    # Every token the workload asks for was scheduled exactly once (plus recomputation).
-    assert sum(s["total"] for s in engine["steps"]) >= sum(r.prompt_tokens + r.output_tokens - 1 for r in case.requests)

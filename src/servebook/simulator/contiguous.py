@@ -39,11 +39,7 @@ class ContiguousAllocator:
         self.capacity_tokens = capacity_tokens
         self.ranges: dict[str, tuple[int, int]] = {}
         self._sorted: list[tuple[int, int, str]] = []  # (start, length, owner), by start
-
-    @property
-    def reserved_tokens(self) -> int:
-        """Slots held by some request."""
-        return sum(length for _, length, _ in self._sorted)
+        self.reserved_tokens = 0  #: slots held by some request
 
     def allocate(self, owner: str, length: int) -> int | None:
         """Reserve ``length`` slots at the first hole that fits; returns the start or None."""
@@ -52,11 +48,13 @@ class ContiguousAllocator:
             if start - cursor >= length:
                 self._sorted.insert(index, (cursor, length, owner))
                 self.ranges[owner] = (cursor, length)
+                self.reserved_tokens += length
                 return cursor
             cursor = start + used
         if self.capacity_tokens - cursor >= length:
             self._sorted.append((cursor, length, owner))
             self.ranges[owner] = (cursor, length)
+            self.reserved_tokens += length
             return cursor
         return None
 
@@ -64,6 +62,7 @@ class ContiguousAllocator:
         """Give back the range held by ``owner``."""
         start, length = self.ranges.pop(owner)
         self._sorted.remove((start, length, owner))
+        self.reserved_tokens -= length
 
     def largest_hole(self) -> int:
         """Longest run of free slots: the biggest reservation that fits now."""

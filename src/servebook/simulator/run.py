@@ -209,21 +209,21 @@ def simulate(
                     f"the scheduler is stuck: request {head} cannot be admitted into an otherwise "
                     f"idle engine; give more KV blocks or a larger max_num_batched_tokens"
                 )
-        prefill = decode = context = total = 0
+        decode = context = total = 0
         for r, n in scheduled:
             total += n
-            context += r.num_computed + n
-            if n == 1 and r.num_computed == r.num_tokens - 1 and r.num_tokens > r.num_prompt:
+            computed = r.num_computed + n
+            context += computed
+            # a decode: one new token right after an output token (not a prompt's last token)
+            if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
-            else:
-                prefill += n
+        prefill = total - decode
         dt = cost(prefill, decode, context) if total else 0.0
         end = clock + dt
+        sched.computed_running += total
         finished: list[RequestState] = []
         for r, n in scheduled:
             r.num_computed += n
-            if r.admitted_s is None:
-                r.admitted_s = clock
             if r.num_computed >= r.num_tokens:
                 r.num_output += 1
                 r.num_tokens += 1

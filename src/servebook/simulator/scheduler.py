@@ -55,7 +55,7 @@ class RequestState:
     __slots__ = (
         "spec", "rid", "num_prompt", "num_output_target", "num_tokens", "num_computed",
         "num_output", "blocks", "num_cached_blocks", "prefix_full_blocks", "prefix_id",
-        "first_token_s", "last_token_s", "max_gap_s", "finish_s", "admitted_s",
+        "first_token_s", "last_token_s", "max_gap_s", "finish_s",
         "num_preemptions", "prefix_hit_tokens", "done", "index",
     )
 
@@ -76,7 +76,6 @@ class RequestState:
         self.last_token_s: float | None = None
         self.max_gap_s = 0.0
         self.finish_s: float | None = None
-        self.admitted_s: float | None = None
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
         self.done = False
@@ -96,6 +95,8 @@ class _Base:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.num_preemptions = 0
+        #: sum of num_computed over the running queue (the step loop adds each step's tokens)
+        self.computed_running = 0
 
     def add(self, request: RequestState) -> None:
         self.waiting.append(request)
@@ -117,6 +118,7 @@ class _Base:
         gone = set(id(r) for r in finished)
         self.running = [r for r in self.running if id(r) not in gone]
         for r in finished:
+            self.computed_running -= r.num_computed
             self.release(r)
         return finished
 
@@ -128,6 +130,8 @@ class PagedScheduler(_Base):
         super().__init__(config)
         self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
+        #: sum of len(blocks) over the running queue (shared blocks counted once per user)
+        self.blocks_running = 0
 
     def _cache_full_blocks(self, r: RequestState, num_tokens_done: int) -> None:
         """Hash the request's blocks that are full once ``num_tokens_done`` are written
@@ -141,6 +145,8 @@ class PagedScheduler(_Base):
 
     def _preempt(self, victim: RequestState) -> None:
         """Preemption by recompute (``Scheduler._preempt_request``)."""
+        self.computed_running -= victim.num_computed
+        self.blocks_running -= len(victim.blocks)
         self.pool.free(victim.blocks)
         victim.blocks = []
         victim.num_cached_blocks = 0
@@ -150,6 +156,7 @@ class PagedScheduler(_Base):
         self.waiting.appendleft(victim)
 
     def release(self, r: RequestState) -> None:
+        self.blocks_running -= len(r.blocks)
         self.pool.free(r.blocks)
         r.blocks = []
 
@@ -165,36 +172,41 @@ class PagedScheduler(_Base):
         preempted = 0
         running = self.running
 
+        caching = self.caching
+        free_queue = pool.free_queue
+        append = scheduled.append
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            new = r.num_tokens - r.num_computed
+            computed = r.num_computed
+            new = r.num_tokens - computed
             if 0 < threshold < new:
                 new = threshold
             if new > budget:
                 new = budget
-            room = max_len - r.num_computed - 1
-            if new > room:
-                new = room
+            if new > max_len - computed - 1:
+                new = max_len - computed - 1
             if new <= 0:
                 i += 1
                 continue
-            need = (r.num_computed + new + bs - 1) // bs - len(r.blocks)
-            ok = True
-            while need > len(pool.free_queue):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted += 1
-                if victim is r:
-                    ok = False
-                    break
-            if not ok:
-                break
+            end = computed + new
+            need = (end + bs - 1) // bs - len(r.blocks)
             if need > 0:
+                ok = True
+                while need > len(free_queue):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is r:
+                        ok = False
+                        break
+                if not ok:
+                    break
                 r.blocks.extend(pool.take(need))
-            if self.caching:
-                self._cache_full_blocks(r, r.num_computed + new)
-            scheduled.append((r, new))
+                self.blocks_running += need
+            if caching and end // bs > r.num_cached_blocks:
+                self._cache_full_blocks(r, end)
+            append((r, new))
             budget -= new
             i += 1
 
@@ -228,6 +240,8 @@ class PagedScheduler(_Base):
                 waiting.popleft()
                 pool.touch(hits)
                 r.blocks = hits + pool.take(fresh)
+                self.blocks_running += len(r.blocks)
+                self.computed_running += hit_tokens
                 r.num_cached_blocks = len(hits)
                 r.num_computed = hit_tokens
                 if r.num_preemptions == 0:
@@ -244,11 +258,9 @@ class PagedScheduler(_Base):
         return (self.pool.num_blocks - len(self.pool.free_queue)) * self.config.block_size
 
     def held_tokens(self) -> int:
-        """Slots in used blocks minus the unwritten tail of each running request."""
-        empty = 0
-        bs = self.config.block_size
-        for r in self.running:
-            empty += len(r.blocks) * bs - r.num_computed
+        """Slots in used blocks minus the unwritten tail of each running request
+        (shared blocks are full, so counting them once per user cancels out)."""
+        empty = self.blocks_running * self.config.block_size - self.computed_running
         return self.reserved_slots() - empty
 
 
@@ -317,7 +329,7 @@ class ContiguousScheduler(_Base):
         return self.memory.reserved_tokens
 
     def held_tokens(self) -> int:
-        return sum(r.num_computed for r in self.running)
+        return self.computed_running
 
 
 class StaticScheduler(ContiguousScheduler):
@@ -353,12 +365,10 @@ class StaticScheduler(ContiguousScheduler):
         if self.running and all(r.done for r in self.running):
             batch, self.running = self.running, []
             for r in batch:
+                self.computed_running -= r.num_computed
                 self.release(r)
             return batch
         return []
-
-    def held_tokens(self) -> int:
-        return sum(r.num_computed for r in self.running)
 
 
 def make_scheduler(config: SchedulerConfig):
