@@ -267,3 +267,89 @@ def test_cpu_logs_cannot_calibrate():
     cpu = parse_startup_log("Explicitly set (1.0/11.59) GiB for KV cache on node 0.\nGPU KV cache size: 10 tokens\n")
     with pytest.raises(ServebookError, match="only GPU start-up logs"):
         record_from_log("cpu", spec(), cpu, max_num_batched_tokens=2048, max_num_seqs=128)
+
+
+# ---- vLLM batch defaults (engine/arg_utils.py, EngineArgs.get_batch_defaults) ---------------
+
+from servebook.memory import (  # noqa: E402
+    calibrate_from_fixtures,
+    peak_activation_bytes,
+    records_from_fixtures,
+    vllm_batch_defaults,
+)
+
+
+@pytest.mark.parametrize(
+    "memory, name, context, device, expected",
+    [
+        (140 * GIB, "H200", "OPENAI_API_SERVER", "cuda", (8192, 1024)),
+        (140 * GIB, "H200", "LLM_CLASS", "cuda", (16384, 1024)),
+        (80 * GIB, "NVIDIA A100-SXM4-80GB", "OPENAI_API_SERVER", "cuda", (2048, 256)),
+        (80 * GIB, "NVIDIA A100-SXM4-80GB", "LLM_CLASS", "cuda", (8192, 256)),
+        (48 * GIB, "L40S", "OPENAI_API_SERVER", "cuda", (2048, 256)),
+        (None, None, "LLM_CLASS", "cpu", (4096, 256)),
+        (None, None, "OPENAI_API_SERVER", "cpu", (2048, 128)),
+    ],
+)
+def test_batch_defaults_follow_the_0_27_1_table(memory, name, context, device, expected):
+    assert vllm_batch_defaults(memory, name, usage_context=context, device=device) == expected
+
+
+def test_batch_default_tokens_are_capped_by_seqs_times_context():
+    # 1024 sequences x 4 tokens = 4096 < 8192
+    assert vllm_batch_defaults(140 * GIB, "H200", max_model_len=4) == (4096, 1024)
+
+
+# ---- calibration from fixture folders (the layout the H200 logs will use) -------------------
+
+def _write_gpu_fixture(root, name, model_id, tokens, seqs, truth):
+    """A GPU fixture whose 0.26-style log states the claims the 'truth' coefficients give."""
+    from servebook.hf_config import load_reference_config, load_model_spec
+
+    folder = root / name
+    folder.mkdir()
+    cfg = load_reference_config(model_id)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    s = load_model_spec(cfg)
+    peak = hand_peak_for(s, tokens, seqs, truth) / GIB
+    flags = {"engine_kwargs": {"max_model_len": 4096, "max_num_batched_tokens": tokens, "max_num_seqs": seqs},
+             "device": "NVIDIA H200", "vllm_version": "0.26.0", "usage_context": "LLM_CLASS"}
+    (folder / "flags.json").write_text(json.dumps(flags))
+    (folder / "startup.log").write_text(
+        "Initializing a V1 LLM engine (v0.26.0) with config: model='x'\n"
+        "CUDA graph pool memory: 0.50 GiB (actual), 0.60 GiB (estimated), difference: 0.1 GiB (20.0%).\n"
+        "Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). "
+        f"Actual usage is 10.00 GiB for weight, {peak:.2f} GiB for peak activation, 0.25 GiB for non-torch memory, "
+        "and 0.50 GiB for CUDAGraph memory. Replace ...\n"
+    )
+    return s
+
+
+def hand_peak_for(s, t, seqs, truth):
+    qkv = s.num_attention_heads * s.layers[0].head_dim + 2 * s.layers[0].num_kv_heads * s.layers[0].head_dim
+    return (truth["constant_bytes"] + truth["hidden"] * t * s.hidden_size * 2
+            + truth["mlp"] * t * s.intermediate_size * 2 + truth["qkv"] * t * qkv * 2
+            + truth["logits"] * min(seqs, t) * s.vocab_size * 4)
+
+
+def test_calibrate_from_gpu_fixture_folders_reproduces_the_logged_peaks(tmp_path):
+    truth = {"constant_bytes": 200 * MIB, "hidden": 4.0, "mlp": 3.0, "qkv": 1.0, "logits": 3.0}
+    cases = [("llama-3.1-8b", 2048, 256), ("llama-3.1-8b", 16384, 1024), ("qwen3-32b", 8192, 512),
+             ("qwen3-32b", 4096, 128), ("llama-3.1-70b", 8192, 1024), ("mistral-7b-v0.1", 1024, 1024)]
+    specs = [_write_gpu_fixture(tmp_path, f"h200-{i}", m, t, n, truth) for i, (m, t, n) in enumerate(cases)]
+    # a CPU folder in the same tree is skipped
+    (tmp_path / "cpu-x").mkdir()
+    (tmp_path / "cpu-x" / "flags.json").write_text(json.dumps({"device": "cpu", "engine_kwargs": {}}))
+    (tmp_path / "cpu-x" / "startup.log").write_text("GPU KV cache size: 1 tokens\n")
+    assert [r.name for r in records_from_fixtures(tmp_path)] == [f"h200-{i}" for i in range(6)]
+
+    out = tmp_path / "fitted.json"
+    fitted = calibrate_from_fixtures(tmp_path, write_to=out)
+    assert fitted.vllm_version == "0.26.0" and fitted.gpu == "NVIDIA H200"
+    assert load_coefficients(out).fitted_on == tuple(f"h200-{i}" for i in range(6))
+    assert fitted.non_torch_tp1_bytes == pytest.approx(0.25 * GIB)
+    assert fitted.cudagraph_constant_bytes + fitted.cudagraph_per_layer_bytes * 32 == pytest.approx(0.6 * GIB, rel=0.01)
+    for s, (_, t, n) in zip(specs, cases):
+        predicted = peak_activation_bytes(s, max_num_batched_tokens=t, max_num_seqs=n, coefficients=fitted)
+        # logged figures carry 0.005 GiB of rounding each
+        assert abs(predicted - hand_peak_for(s, t, n, truth)) < 0.02 * GIB

@@ -143,6 +143,48 @@ def write_coefficients(coefficients: MemoryCoefficients, path: str | Path | None
     return p
 
 
+#: Total memory from which vLLM 0.27.1 uses the larger batch defaults (unless an A100).
+LARGE_GPU_BYTES = 70 * GIB
+
+
+def vllm_batch_defaults(
+    gpu_memory_bytes: int | None,
+    gpu_name: str | None = None,
+    *,
+    usage_context: str = "OPENAI_API_SERVER",
+    max_model_len: int | None = None,
+    device: str = "cuda",
+) -> tuple[int, int]:
+    """vLLM 0.27.1's default ``(max_num_batched_tokens, max_num_seqs)``.
+
+    ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``): on CUDA GPUs
+    with at least 70 GiB whose name lacks "a100", 16384/1024 for the ``LLM``
+    class and 8192/1024 for ``vllm serve``; on other GPUs 8192/256 and
+    2048/256; on CPU 4096/256 and 2048/128 (times the world size, here 1).
+    ``_set_default_max_num_seqs_and_batched_tokens_args`` then caps the token
+    budget at ``max_num_seqs x max_model_len`` (with chunked prefill on).
+
+    Args:
+        gpu_memory_bytes: total device memory as the platform reports it.
+        gpu_name: device name (only "a100" matters).
+        usage_context: ``"OPENAI_API_SERVER"`` (``vllm serve``) or ``"LLM_CLASS"``.
+        max_model_len: context length for the cap; None for no cap.
+        device: ``"cuda"`` or ``"cpu"``.
+    """
+    if usage_context not in ("OPENAI_API_SERVER", "LLM_CLASS"):
+        raise ServebookError(f"usage_context {usage_context!r} is not known; use OPENAI_API_SERVER or LLM_CLASS")
+    server = usage_context == "OPENAI_API_SERVER"
+    if device == "cpu":
+        tokens, seqs = (2048, 128) if server else (4096, 256)
+    elif gpu_memory_bytes is not None and gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in (gpu_name or "").lower():
+        tokens, seqs = (8192, 1024) if server else (16384, 1024)
+    else:
+        tokens, seqs = (2048, 256) if server else (8192, 256)
+    if max_model_len is not None:
+        tokens = min(tokens, seqs * max_model_len)
+    return tokens, seqs
+
+
 def _mlp_width(spec: ModelSpec) -> int:
     """Widest MLP a token passes through, in elements (before TP)."""
     width = spec.intermediate_size
@@ -561,3 +603,64 @@ def budget_from_log(log, *, tp: int = 1) -> MemoryBudget:
         tp=tp,
         coefficients_status="logged",
     )
+
+
+def records_from_fixtures(root: str | Path) -> list[CalibrationRecord]:
+    """Calibration records from recorded GPU start-ups laid out as ``<root>/<name>/``.
+
+    Each folder holds ``config.json``, ``flags.json`` (``engine_kwargs``,
+    ``device``, ``usage_context``, optionally ``gpu_total_memory_bytes``) and
+    ``startup.log`` (see ``tests/fixtures/startup_logs/README.md``). CPU folders
+    and logs without the ``Actual usage is ...`` sentence are skipped. Settings
+    the engine was not given explicitly take vLLM 0.27.1's defaults
+    (:func:`vllm_batch_defaults`; the engine caps ``max_num_seqs`` at
+    ``max_num_batched_tokens``).
+    """
+    from servebook.hf_config import load_model_spec
+    from servebook.startup_log import read_startup_log
+
+    records = []
+    for folder in sorted(Path(root).iterdir()):
+        flags_path = folder / "flags.json"
+        if not flags_path.is_file() or not (folder / "startup.log").is_file():
+            continue
+        flags = json.loads(flags_path.read_text())
+        if flags.get("device", "cpu") == "cpu":
+            continue
+        log = read_startup_log(folder / "startup.log")
+        if log.peak_activation_gib is None:
+            continue
+        kw = flags.get("engine_kwargs", {})
+        total = flags.get("gpu_total_memory_bytes") or (
+            round(log.total_memory_gib * GIB) if log.total_memory_gib else None
+        )
+        max_model_len = kw.get("max_model_len") or log.max_model_len
+        default_tokens, default_seqs = vllm_batch_defaults(
+            total, str(flags.get("device")), usage_context=flags.get("usage_context", "LLM_CLASS"),
+            max_model_len=max_model_len,
+        )
+        tokens = kw.get("max_num_batched_tokens") or log.max_num_batched_tokens or default_tokens
+        seqs = kw.get("max_num_seqs") or min(default_seqs, tokens)
+        records.append(record_from_log(
+            folder.name, load_model_spec(folder / "config.json"), log,
+            max_num_batched_tokens=tokens, max_num_seqs=seqs, tp=kw.get("tensor_parallel_size", 1),
+        ))
+    return records
+
+
+def calibrate_from_fixtures(root: str | Path, *, write_to: str | Path | None = None) -> MemoryCoefficients:
+    """Fit coefficients on every GPU fixture under ``root``; optionally write them as JSON.
+
+    The fitted file records the fixture names, the vLLM version(s) and GPU(s)
+    of the logs, so the book can say what its memory figures rest on.
+    """
+    recs = records_from_fixtures(root)
+    versions, gpus = set(), set()
+    for name in (r.name for r in recs):
+        flags = json.loads((Path(root) / name / "flags.json").read_text())
+        versions.add(str(flags.get("vllm_version")))
+        gpus.add(str(flags.get("device")))
+    fitted = calibrate(recs, vllm_version=", ".join(sorted(versions)), gpu=", ".join(sorted(gpus)))
+    if write_to is not None:
+        write_coefficients(fitted, write_to)
+    return fitted

@@ -52,6 +52,7 @@ from servebook.memory import (
     MemoryBudget,
     check_utilization,
     memory_budget,
+    vllm_batch_defaults,
     weights_bytes_per_gpu,
 )
 from servebook.model_spec import ModelSpec
@@ -60,8 +61,6 @@ from servebook.model_spec import ModelSpec
 DEFAULT_GPU = "H200"
 #: Fraction of the KV ceiling recommended for ``--max-num-seqs`` (see module docstring).
 MAX_NUM_SEQS_FRACTION = 0.85
-#: Above this total memory (and not an A100), vLLM 0.27.1 uses the larger batch defaults.
-LARGE_GPU_BYTES = 70 * GIB
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
@@ -162,22 +161,6 @@ def recommended_max_num_seqs(max_concurrency: float, default_max_num_seqs: int) 
     return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * max_concurrency), ceiling, default_max_num_seqs))
 
 
-def batch_defaults(gpu_memory_bytes: int | None, gpu_name: str | None, max_model_len: int) -> tuple[int, int]:
-    """vLLM 0.27.1 ``vllm serve`` defaults: (max_num_batched_tokens, max_num_seqs).
-
-    ``EngineArgs.get_batch_defaults`` and ``_set_default_max_num_seqs_and_batched_tokens_args``:
-    8192/1024 on >= 70 GiB GPUs whose name lacks "a100", else 2048/256; the
-    token budget is then capped at ``max_num_seqs x max_model_len``.
-    """
-    large = (
-        gpu_memory_bytes is not None
-        and gpu_memory_bytes >= LARGE_GPU_BYTES
-        and "a100" not in (gpu_name or "").lower()
-    )
-    tokens, seqs = (8192, 1024) if large else (2048, 256)
-    return min(tokens, seqs * max_model_len), seqs
-
-
 def _resolve_gpu(name: str) -> tuple[str, int]:
     try:
         from servebook.hardware import get_gpu
@@ -244,10 +227,9 @@ def make_plan(
     # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
     kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
 
-    gpu_name, gpu_bytes = None, None
-    if gpu is not None or available_kv_gib is None:
-        gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
-    default_tokens, default_seqs = batch_defaults(gpu_bytes if gpu_bytes is not None else LARGE_GPU_BYTES, gpu_name, max_model_len)
+    # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
+    gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
+    default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len)
     tokens = max_num_batched_tokens or default_tokens
 
     budget = None
