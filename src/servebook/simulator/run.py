@@ -64,6 +64,9 @@ class RequestMetrics:
     ``ttft_s``: arrival to first output token; ``mean_itl_s``: mean gap between
     later tokens (0 for one-token outputs); ``max_itl_s``: longest such gap (a
     preemption shows up here); ``latency_s``: arrival to being returned.
+    ``start_s``, ``first_token_s``, ``last_token_s``, ``finish_s`` are clock times
+    (seconds from the start of the run): first scheduled, first and last token,
+    returned (static batching returns a request with its whole batch).
     """
 
     request_id: str
@@ -76,6 +79,10 @@ class RequestMetrics:
     latency_s: float
     preemptions: int
     prefix_hit_tokens: int
+    start_s: float
+    first_token_s: float
+    last_token_s: float
+    finish_s: float
 
 
 @dataclass
@@ -86,6 +93,7 @@ class SimulationResult:
     steps: StepTrace
     requests: list[RequestMetrics]
     num_preemptions: int
+    snapshot: dict | None = None
 
     def summary(self) -> dict:
         """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction)."""
@@ -162,6 +170,7 @@ def simulate(
     *,
     record_batches: bool = False,
     max_steps: int | None = None,
+    snapshot_at_step: int | None = None,
 ) -> SimulationResult:
     """Serve ``requests`` under ``config`` and record every step.
 
@@ -171,6 +180,8 @@ def simulate(
         step_time_s: step cost model; default :class:`LinearStepTime()`.
         record_batches: also record ``{request_id: tokens}`` for every step.
         max_steps: stop with an error after this many steps (a guard; default unlimited).
+        snapshot_at_step: keep a picture of KV memory after this step's writes
+            (``result.snapshot``, see :func:`memory_snapshot`).
     """
     if not requests:
         raise ServebookError("the workload is empty; give at least one request")
@@ -188,6 +199,7 @@ def simulate(
     next_arrival = 0
     unfinished = len(states)
     metrics: list[RequestMetrics | None] = [None] * len(states)
+    snapshot = None
 
     while unfinished:
         while next_arrival < len(order) and order[next_arrival].spec.arrival_s <= clock:
@@ -254,6 +266,12 @@ def simulate(
         trace.blocks_free.append(config.num_blocks - used)
         if record_batches:
             trace.batches.append({r.rid: n for r, n in scheduled})
+        for r, _ in scheduled:
+            if r.start_s is None:
+                r.start_s = clock
+        if snapshot_at_step == len(trace) - 1:
+            snapshot = memory_snapshot(sched)
+            snapshot["time_s"] = end
         clock = end
         if finished or (sched.running and all(r.done for r in sched.running)):
             for r in sched.finish(finished):
@@ -272,7 +290,41 @@ def simulate(
                     latency_s=clock - spec.arrival_s,
                     preemptions=r.num_preemptions,
                     prefix_hit_tokens=r.prefix_hit_tokens,
+                    start_s=r.start_s,
+                    first_token_s=r.first_token_s,
+                    last_token_s=r.last_token_s,
+                    finish_s=clock,
                 )
         if max_steps is not None and len(trace) >= max_steps:
             raise ServebookError(f"simulation passed max_steps={max_steps}; raise the limit")
-    return SimulationResult(config=config, steps=trace, requests=metrics, num_preemptions=sched.num_preemptions)
+    return SimulationResult(config=config, steps=trace, requests=metrics,
+                            num_preemptions=sched.num_preemptions, snapshot=snapshot)
+
+
+def memory_snapshot(sched) -> dict:
+    """KV memory of a scheduler at this moment, for pictures.
+
+    Paged: ``{"kind": "paged", "block_size", "num_blocks", "tables": {request: [block ids]},
+    "owner": [request | "shared" | None per block], "filled": [tokens per block],
+    "cached_free": [bool per block]}`` (a free block that still holds a findable prefix).
+    Contiguous/static: ``{"kind": "contiguous", "capacity_tokens",
+    "ranges": [(start, length, request, filled tokens)]}``.
+    """
+    cfg = sched.config
+    if cfg.policy == "paged":
+        bs = cfg.block_size
+        owner: list = [None] * cfg.num_blocks
+        filled = [0] * cfg.num_blocks
+        tables = {}
+        for r in sched.running:
+            tables[r.rid] = list(r.blocks)
+            for i, block in enumerate(r.blocks):
+                owner[block] = "shared" if sched.pool.ref_cnt[block] > 1 else r.rid
+                filled[block] = max(filled[block], min(bs, max(0, r.num_computed - i * bs)))
+        cached_free = [owner[b] is None and sched.pool.block_key[b] is not None for b in range(cfg.num_blocks)]
+        return {"kind": "paged", "block_size": bs, "num_blocks": cfg.num_blocks, "tables": tables,
+                "owner": owner, "filled": filled, "cached_free": cached_free}
+    by_id = {r.rid: r for r in sched.running}
+    ranges = [(start, length, rid, min(length, by_id[rid].num_computed) if rid in by_id else 0)
+              for rid, (start, length) in sorted(sched.memory.ranges.items(), key=lambda kv: kv[1][0])]
+    return {"kind": "contiguous", "capacity_tokens": cfg.capacity_tokens, "ranges": ranges}

@@ -55,7 +55,7 @@ class RequestState:
     __slots__ = (
         "spec", "rid", "num_prompt", "num_output_target", "num_tokens", "num_computed",
         "num_output", "blocks", "num_cached_blocks", "prefix_full_blocks", "prefix_id",
-        "first_token_s", "last_token_s", "max_gap_s", "finish_s",
+        "first_token_s", "last_token_s", "max_gap_s", "finish_s", "start_s",
         "num_preemptions", "prefix_hit_tokens", "done", "index",
     )
 
@@ -76,6 +76,7 @@ class RequestState:
         self.last_token_s: float | None = None
         self.max_gap_s = 0.0
         self.finish_s: float | None = None
+        self.start_s: float | None = None
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
         self.done = False
