@@ -30,7 +30,7 @@ from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, step_time
-from servebook.perf.speculative import Drafter, expected_tokens_per_step
+from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
     check_tp,
@@ -284,9 +284,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     decode_only = step_time(spec, d.gpu, decode, coeffs, tp=tp).step_s
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
-        draft_s = spec_k * step_time(drafter.spec, d.gpu,
-                                     decode_work(drafter.spec, b_eff, ctx, tp=drafter.tp, kv_cache_dtype=d.kv_cache_dtype,
-                                                 context_weights=weights), coeffs, tp=drafter.tp).step_s
+        draft_s = spec_k * draft_pass_s(drafter, d.gpu, coeffs, batch=b_eff, context_tokens=ctx,
+                                        kv_cache_dtype=d.kv_cache_dtype, context_weights=weights)
     elif spec_k:
         notes.append("n-gram drafting: no GPU cost counted for drafts")
     steps = workload.requests / replicas / finish_per_step

@@ -110,14 +110,29 @@ class SpeculativeStep:
         return (self.tokens_per_step / self.step_s) / (1.0 / self.plain_step_s)
 
 
+def draft_pass_s(drafter: Drafter, gpu, coeffs: Coefficients, *, batch: float, context_tokens,
+                 kv_cache_dtype: str = "auto", context_weights=None) -> float:
+    """Seconds of one draft pass over ``batch`` sequences (kernel time only; 0 for n-gram)."""
+    if drafter.method == "ngram":
+        return 0.0
+    from servebook.perf.model import step_time
+    from servebook.perf.work import decode_work
+
+    work = decode_work(drafter.spec, batch, context_tokens, tp=drafter.tp, kv_cache_dtype=kv_cache_dtype,
+                       context_weights=context_weights)
+    b = step_time(drafter.spec, gpu, work, coeffs, tp=drafter.tp)
+    return b.linear_s + b.attention_s + b.allreduce_s
+
+
 def speculative_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, k: int, alpha: float, batch: int,
                      context_tokens: float, drafter: Drafter = Drafter(), tp: int = 1,
                      kv_cache_dtype: str = "auto") -> SpeculativeStep:
     """Verification step (``k + 1`` query tokens per sequence) plus ``k`` draft passes.
 
-    Draft passes are costed as full decode steps of the drafting network at the
-    same batch and context (including the per-step overhead: conservative, since
-    drafting runs inside the engine step and was not measured separately).
+    A draft pass is costed as the drafting network's decode-step *kernel* time at
+    the same batch and context (linear layers, attention, all-reduce), without the
+    engine's per-step and per-sequence overheads: the passes run inside the one
+    engine step. Draft passes were not measured separately.
     """
     plain = decode_step(spec, gpu, coeffs, batch=batch, context_tokens=context_tokens, tp=tp,
                         kv_cache_dtype=kv_cache_dtype).step_s
@@ -125,8 +140,8 @@ def speculative_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, k: int, alph
                          kv_cache_dtype=kv_cache_dtype, query_tokens=k + 1).step_s if k else plain
     draft = 0.0
     if k and drafter.method != "ngram":
-        draft = k * decode_step(drafter.spec, gpu, coeffs, batch=batch, context_tokens=context_tokens,
-                                tp=drafter.tp, kv_cache_dtype=kv_cache_dtype).step_s
+        draft = k * draft_pass_s(drafter, gpu, coeffs, batch=batch, context_tokens=context_tokens,
+                                 kv_cache_dtype=kv_cache_dtype)
     return SpeculativeStep(k=k, alpha=alpha, batch=batch, tokens_per_step=expected_tokens_per_step(k, alpha),
                            verify_s=verify, draft_s=draft, plain_step_s=plain)
 
