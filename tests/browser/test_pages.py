@@ -51,7 +51,7 @@ def _is_local(url: str) -> bool:
     parts = urlsplit(url)
     if parts.scheme in ("data", "blob", "about"):
         return True
-    return parts.scheme in ("http", "https") and parts.hostname == LOCAL_HOST
+    return parts.scheme in ("http", "https", "ws", "wss") and parts.hostname == LOCAL_HOST
 
 
 # Evaluated in the page once it has loaded: what a reader would see.
