@@ -121,3 +121,10 @@ def test_recorded_cpu_log_of_0_27_1():
     assert log.max_num_batched_tokens == 4096  # LLM class default on CPU
     assert log.kv_cache_tokens is not None and log.max_concurrency is not None
     assert log.model_loading_gib is None  # the CPU runner does not print it
+
+
+def test_cpu_auto_set_line_gives_the_kv_budget():
+    text = ("(Worker pid=1) INFO 11-30 05:40:29 [cpu_worker.py:248] Auto set (3.5/11.59) GiB for KV cache on "
+            "node 0, with 10.0 GiB requested memory for the worker. 2.1 GiB memory was consumed by non-kv usages.\n")
+    log = parse_startup_log(text)
+    assert (log.available_kv_cache_gib, log.host_total_gib) == (3.5, 11.59)
