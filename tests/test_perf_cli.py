@@ -1,0 +1,71 @@
+"""``servebook step`` and ``servebook fleet`` on a calibration file written by the test."""
+import json
+
+import pytest
+
+from perf_fixtures import KNOWN
+from servebook.cli import main
+
+
+@pytest.fixture
+def calibration(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"schema": "servebook.perf_calibration/1",
+                                "coefficients": {"H200-SXM-141GB": KNOWN.to_dict()}}))
+    monkeypatch.setenv("SERVEBOOK_PERF_CALIBRATION", str(path))
+    return path
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_step_decode_json(calibration, capsys):
+    out = _json(capsys, ["step", "--config", "llama-3.1-8b", "--gpu", "h200", "--phase", "decode", "--batch", "1",
+                         "--context", "1000", "--json"])
+    # weights (untied embedding excluded) at 80 % of 4.8 TB/s bound this step from below
+    assert out["step_s"] > (8_030_261_248 - 128256 * 4096) * 2 / (0.8 * 4.8e12)
+    assert out["breakdown"]["bound"] == "memory" and out["kv_batch_limit"] > 1
+
+
+def test_step_prefill_json(calibration, capsys):
+    out = _json(capsys, ["step", "--config", "llama-3.1-8b", "--gpu", "h200", "--phase", "prefill", "--tokens",
+                         "8192", "--json"])
+    assert out["step_s"] > 2 * 8192 * 6.98e9 / 989.5e12 and out["request_s"] > out["step_s"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "3", "--phase", "decode", "--batch", "1", "--context", "10"], "does not divide"),
+    (["--phase", "decode", "--batch", "100000", "--context", "16000"], "at most"),
+    (["--phase", "decode", "--batch", "4"], "needs --batch B and --context C"),
+    (["--phase", "prefill"], "needs --tokens"),
+])
+def test_step_bad_input_exits_2_with_reason(calibration, capsys, argv, message):
+    assert main(["step", "--config", "llama-3.1-8b", "--gpu", "h200", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_step_without_calibration_says_how_to_make_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SERVEBOOK_PERF_CALIBRATION", str(tmp_path / "missing.json"))
+    assert main(["step", "--config", "llama-3.1-8b", "--gpu", "h200", "--phase", "prefill", "--tokens", "10"]) == 2
+    assert "servebook.perf.calibrate" in capsys.readouterr().err
+
+
+def test_fleet_json(calibration, capsys):
+    out = _json(capsys, ["fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--tp", "2",
+                         "--requests", "1000000", "--input-tokens", "2000", "--output-tokens", "500",
+                         "--price-per-gpu-hour", "2", "--json"])
+    assert out["replicas"] == 4 and out["gpu_hours"] == pytest.approx(out["hours"] * 8)
+    assert out["cost"] == pytest.approx(out["gpu_hours"] * 2)
+
+
+def test_fleet_compare_draft_json(calibration, capsys):
+    out = _json(capsys, ["fleet", "--compare-draft", "--json"])
+    assert [r["draft"]["hours"] for r in out["rows"]] == pytest.approx([556.1, 260.0, 1441.1, 911.5, 69.5], abs=0.05)
+    assert all(r["why"] for r in out["rows"])
+
+
+def test_fleet_needs_its_arguments(calibration, capsys):
+    assert main(["fleet", "--config", "llama-3.1-8b"]) == 2
+    assert "--gpu" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""Fleet plans: hand-checked occupancy, KV bounds, scaling, the draft's table, bad input."""
+import pytest
+
+from perf_fixtures import H200, KNOWN, LLAMA_8B, spec
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.perf.chunk_budget import mixed_step_s, prefill_tokens_within, recommend_max_num_batched_tokens
+from servebook.perf.fleet import (Deployment, LengthDistribution, Speculation, Workload, check_decode_fits,
+                                  draft_estimate, plan)
+from servebook.perf.work import kv_bytes_per_sequence
+
+LLAMA = spec(LLAMA_8B, "llama-3.1-8b")
+KV_PER_TOKEN = 131072  # 32 layers x 8 heads x 256 x 2 B
+
+
+def _job(n_in=(1000,), n_out=(100, 300), requests=1_000_000):
+    return Workload(requests, LengthDistribution.from_samples(n_in), LengthDistribution.from_samples(n_out))
+
+
+def test_time_weighted_context_by_hand():
+    # outputs 100 and 300 after a 1000-token prompt: E[o (i + o/2)] / E[o] = (100*1050 + 300*1150) / 400
+    p = plan(_job(), Deployment("x", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=50 * 2**30), KNOWN)
+    assert p.mean_running_context_tokens == pytest.approx((100 * 1050 + 300 * 1150) / 400)
+
+
+def test_batch_bounded_by_kv_budget_by_hand():
+    budget = 10 * 2**30
+    p = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=budget), KNOWN)
+    assert p.batch == int(budget // (1100 * KV_PER_TOKEN)) == p.batch_kv_bound
+
+
+def test_batch_beyond_kv_capacity_is_refused_with_the_bound():
+    with pytest.raises(DoesNotFitError, match="at most 74 sequences fit"):
+        plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=500, kv_budget_bytes_per_gpu=10 * 2**30),
+             KNOWN)
+
+
+def test_gpus_must_split_into_replicas():
+    with pytest.raises(ServebookError, match="multiple of 4"):
+        plan(_job(), Deployment("x", LLAMA, H200, gpus=6, tp=4, kv_budget_bytes_per_gpu=2**34), KNOWN)
+
+
+def test_replicas_scale_exactly():
+    a = plan(_job(), Deployment("a", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=2**34), KNOWN)
+    b = plan(_job(), Deployment("b", LLAMA, H200, gpus=16, kv_budget_bytes_per_gpu=2**34), KNOWN)
+    assert a.hours / b.hours == pytest.approx(16)
+    assert a.gpu_hours == pytest.approx(b.gpu_hours)
+
+
+def test_hours_are_steps_times_step_time():
+    p = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=2, batch=32, kv_budget_bytes_per_gpu=2**34,
+                                            price_per_gpu_hour=2.0), KNOWN)
+    # 32 sequences x 1 token per step / 200 tokens per request = 0.16 requests finish per step
+    assert p.steps_per_replica == pytest.approx(1_000_000 / 2 / 0.16)
+    assert p.hours == pytest.approx(p.steps_per_replica * p.step_s / 3600)
+    assert p.cost == pytest.approx(p.hours * 2 * 2.0)
+
+
+def test_speculation_reduces_steps_by_its_yield():
+    base = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=8, kv_budget_bytes_per_gpu=2**34), KNOWN)
+    spec_ = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=8, kv_budget_bytes_per_gpu=2**34,
+                                                speculation=Speculation(3, 0.5)), KNOWN)
+    assert base.steps_per_replica / spec_.steps_per_replica == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_lognormal_lengths_keep_their_mean():
+    d = LengthDistribution.lognormal(3000, 1.0, n=256)
+    assert d.mean == pytest.approx(3000, rel=0.03)
+    assert d.max > 3 * 3000
+
+
+def test_draft_formula_reproduces_its_printed_table():
+    # 6.22 of the draft: "26B-A4B MoE, 8 GPU, batch 48  74.9h 481.2h 556.1h 5.0"
+    d = draft_estimate(10_000_000, 12_000, 3_000, active_params=4e9, total_params=26e9, gpus=8, batch=48)
+    assert (round(d["prefill_hours"], 1), round(d["decode_hours"], 1), round(d["hours"], 1)) == (74.9, 481.2, 556.1)
+    # "31B dense, 8 GPU, batch 32, spec  580.5h 331.0h 911.5h 3.0"
+    d = draft_estimate(10_000_000, 12_000, 3_000, active_params=31e9, total_params=31e9, gpus=8, batch=32,
+                       accept_rate=1.6)
+    assert (round(d["prefill_hours"], 1), round(d["decode_hours"], 1), round(d["requests_per_s"], 1)) == (580.5, 331.0, 3.0)
+
+
+def test_decode_fit_check_names_the_limit():
+    with pytest.raises(DoesNotFitError, match="at most .* sequences fit"):
+        check_decode_fits(LLAMA, "h200", batch=4096, context_tokens=16000)
+
+
+def test_chunk_budget_meets_its_target():
+    n = prefill_tokens_within(LLAMA, H200, KNOWN, target_step_s=0.05, decode_batch=16, decode_context_tokens=2000)
+    assert mixed_step_s(LLAMA, H200, KNOWN, prefill_tokens=n, decode_batch=16, decode_context_tokens=2000) <= 0.05
+    assert mixed_step_s(LLAMA, H200, KNOWN, prefill_tokens=n + 1, decode_batch=16, decode_context_tokens=2000) > 0.05
+    rec = recommend_max_num_batched_tokens(LLAMA, H200, KNOWN, target_step_s=0.05, max_num_seqs=16,
+                                           decode_context_tokens=2000)
+    assert rec["recommended"] <= n + 16 < 2 * rec["recommended"]
+    with pytest.raises(ServebookError, match="already take longer"):
+        recommend_max_num_batched_tokens(LLAMA, H200, KNOWN, target_step_s=0.001, max_num_seqs=16,
+                                         decode_context_tokens=2000)
