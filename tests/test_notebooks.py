@@ -8,7 +8,7 @@ put their real checks in ``assert`` cells. GPU labs (labs/) are not run here.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jupytext
 import nbformat
@@ -72,3 +72,23 @@ def test_no_paired_ipynb():
     """A .ipynb next to its .md makes the build fail ('multiple files found'); keep only the .md."""
     paired = [p.name for p in (ROOT / "notebooks").glob("*.ipynb")]
     assert not paired, f"remove {paired}: notebooks are kept as MyST markdown only"
+
+
+def test_labs_are_never_executed_at_build_time():
+    """Every lab (labs/**/*.md) is excluded from build-time execution twice: by a pattern in
+    _config.yml (execute.exclude_patterns, matched as myst-nb does) and by its own header
+    (mystnb: execution_mode: "off")."""
+    patterns = yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]["exclude_patterns"]
+    labs = sorted((ROOT / "labs").rglob("*.md"))
+    probe = ROOT / "labs" / "any_lab.md"  # holds even before the first lab is written
+    for lab in [probe, *labs]:
+        posix = PurePosixPath(lab.as_posix())
+        assert any(posix.match(p) for p in patterns), f"{lab} is not excluded by execute.exclude_patterns"
+    for lab in labs:
+        header = jupytext.read(lab).metadata
+        if "kernelspec" not in header:
+            continue  # a plain markdown page, not a notebook
+        mode = header.get("mystnb", {}).get("execution_mode")
+        assert mode == "off", (
+            f"{lab.relative_to(ROOT)}: add `mystnb:\n  execution_mode: \"off\"` to its header "
+            "(a lab starts a real engine and must never run at build time)")
