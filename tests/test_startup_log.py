@@ -128,3 +128,39 @@ def test_cpu_auto_set_line_gives_the_kv_budget():
             "node 0, with 10.0 GiB requested memory for the worker. 2.1 GiB memory was consumed by non-kv usages.\n")
     log = parse_startup_log(text)
     assert (log.available_kv_cache_gib, log.host_total_gib) == (3.5, 11.59)
+
+
+def test_gpu_results_document_becomes_fixture_folders(tmp_path):
+    import importlib.util
+    import json
+
+    from servebook.hf_config import load_model_spec
+    from servebook.kv_cache import capacity
+
+    spec_ = importlib.util.spec_from_file_location("import_gpu_results", FIXTURES / "import_gpu_results.py")
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+
+    config = json.loads((FIXTURES / "cpu-tiny-llama" / "config.json").read_text())
+    # By hand for 1.0 GiB on CUDA (block 16): a block of all 3 layers = 16 x 2 x 2 x 64 x 2 x 3 = 24576 B,
+    # 2**30 // 24576 = 43690 blocks; 2000 tokens need 125 -> 349.52x, int(43690 / 125 * 2000) = 699040.
+    log = ("Initializing a V1 LLM engine (v0.26.0) with config: model='m'\n"
+           "(EngineCore_DP0 pid=1) INFO [gpu_worker.py:561] Available KV cache memory: 1.0 GiB\n"
+           "(EngineCore_DP0 pid=1) INFO [kv_cache_utils.py:2177] GPU KV cache size: 699,040 tokens\n"
+           "(EngineCore_DP0 pid=1) INFO [kv_cache_utils.py:2179] Maximum concurrency for 2,000 tokens per request: 349.52x\n")
+    doc = {"schema": "servebook.startup_logs/1", "date": "2026-11-30T06:00:00+00:00", "vllm_version": "0.26.0",
+           "gpu": {"name": "NVIDIA H200", "count": 1, "total_memory_bytes": 150109880320},
+           "cases": [{"name": "tiny--eager", "model_id": "tiny", "config": config, "config_sha256": "x",
+                      "engine_args": {"enforce_eager": True, "max_model_len": 2000}, "returncode": 0, "log": log},
+                     {"name": "broken", "config": config, "engine_args": {}, "returncode": 1, "log": "boom"}]}
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(doc))
+    folders = module.import_results(results, tmp_path / "fixtures")
+    assert [f.name for f in folders] == ["h200-0.26.0-tiny--eager"]
+    flags = json.loads((folders[0] / "flags.json").read_text())
+    assert flags["device"] == "NVIDIA H200" and flags["gpu_total_memory_bytes"] == 150109880320
+    assert flags["engine_kwargs"]["load_format"] == "dummy" and flags["engine_kwargs"]["max_model_len"] == 2000
+    parsed = read_startup_log(folders[0] / "startup.log")
+    cap = capacity(load_model_spec(folders[0] / "config.json"), parsed.available_kv_cache_bytes,
+                   max_model_len=2000, max_num_batched_tokens=16384, device="cuda")
+    assert (cap.kv_cache_tokens, round(cap.max_concurrency, 2)) == (parsed.kv_cache_tokens, parsed.max_concurrency)
