@@ -34,7 +34,7 @@ INFO 11-30 06:00:00 [model.py:1883] Using max model len 8192
 (EngineCore pid=7) INFO 11-30 06:00:01 [interface.py:636] Setting kv cache block size to 64 for FLASHMLA backend.
 (Worker_TP0 pid=8) INFO 11-30 06:00:09 [model_runner.py:330] Model loading took 29.51 GiB and 10.500000 seconds
 (Worker_TP0 pid=8) INFO 11-30 06:00:19 [gpu_worker.py:564] Available KV cache memory: 93.1 GiB
-(Worker_TP1 pid=9) INFO 11-30 06:00:19 [gpu_worker.py:564] Available KV cache memory: 93.2 GiB
+(Worker_TP1 pid=9) INFO 11-30 06:00:19 [gpu_worker.py:564] Available KV cache memory: 93.0 GiB
 (EngineCore pid=7) INFO 11-30 06:00:19 [kv_cache_utils.py:2235] GPU KV cache size: 1,234,567 tokens
 (EngineCore pid=7) INFO 11-30 06:00:19 [kv_cache_utils.py:2236] Maximum concurrency for 8,192 tokens per request: 150.70x
 (Worker_TP0 pid=8) INFO 11-30 06:00:30 [gpu_worker.py:780] Free memory on device (139.26/139.8 GiB) on startup. Desired GPU memory utilization is (0.92, 128.62 GiB). Actual usage is 30.12 GiB for consumed memory (weights + non-torch), 5.4 GiB for peak activation, and 0.61 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=1` (0.0 GiB) to fit into requested memory, or `--kv-cache-memory=2` (0.0 GiB) to fully utilize gpu memory. Current kv cache memory in use is 93.1 GiB.
@@ -64,11 +64,11 @@ def test_parses_the_0_26_memory_sentence_and_capacity_lines():
     assert log.consumed_gib is None
 
 
-def test_parses_0_27_1_consumed_memory_block_size_and_first_rank_wins():
+def test_parses_0_27_1_consumed_memory_block_size_and_smallest_rank():
     log = parse_startup_log(LOG_0271)
     assert log.vllm_version == "0.27.1"
     assert log.model_loading_gib == 29.51
-    assert log.available_kv_cache_gib == 93.1  # TP0 first; TP1's line is ignored
+    assert log.available_kv_cache_gib == 93.0  # the smallest rank sizes every rank
     assert (log.consumed_gib, log.peak_activation_gib, log.cudagraph_gib) == (30.12, 5.4, 0.61)
     assert log.weights_gib is None and log.non_torch_gib is None
     assert (log.block_size, log.block_size_backend) == (64, "FLASHMLA")

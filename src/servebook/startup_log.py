@@ -112,8 +112,9 @@ class StartupLog:
         vllm_version: release from the ``Initializing ... engine (vX)`` line.
         model_loading_gib: ``Model loading took X GiB`` (weights per GPU).
         model_loading_s: seconds from the same line.
-        available_kv_cache_gib: ``Available KV cache memory`` (GPU), or the
-            CPU worker's ``Explicitly/Auto set (X/...) GiB for KV cache``.
+        available_kv_cache_gib: ``Available KV cache memory`` (GPU; the smallest
+            over TP ranks), or the CPU worker's ``Explicitly/Auto set (X/...) GiB
+            for KV cache``.
         host_total_gib: CPU: total memory of the NUMA node (``/Y`` above).
         free_on_startup_gib: ``Free memory on device (F/...)``.
         total_memory_gib: ``Free memory on device (.../T GiB)``.
@@ -207,7 +208,8 @@ def parse_startup_log(text: str) -> StartupLog:
     """Parse the text of a vLLM start-up log (see the module docstring for formats).
 
     The first occurrence of each line wins (tensor-parallel workers repeat
-    some lines; ranks agree). Raises :class:`ServebookError` when the text
+    some lines), except ``Available KV cache memory``, where the smallest
+    rank's figure is kept because the engine sizes every rank by it. Raises :class:`ServebookError` when the text
     contains none of the recognised lines, which usually means it is not a vLLM
     log or the engine failed before profiling.
     """
@@ -215,6 +217,7 @@ def parse_startup_log(text: str) -> StartupLog:
         raise ServebookError("parse_startup_log expects the log text (str); read the file first")
     found: dict[str, object] = {}
     padding: list[tuple[int, float]] = []
+    available: list[float] = []
     for raw in text.splitlines():
         line = _strip(raw)
         for key, pattern in _PATTERNS.items():
@@ -224,6 +227,8 @@ def parse_startup_log(text: str) -> StartupLog:
             if key == "padding":
                 padding.append((int(m.group(1)), _f(m.group(2))))
                 continue
+            if key == "available_kv":
+                available.append(_f(m.group(1)))
             if key in found:
                 continue
             found[key] = m
@@ -241,8 +246,10 @@ def parse_startup_log(text: str) -> StartupLog:
         values["vllm_version"] = m.group(1)
     if m := group("model_loading"):
         values["model_loading_gib"], values["model_loading_s"] = _f(m.group(1)), _f(m.group(2))
-    if m := group("available_kv"):
-        values["available_kv_cache_gib"] = _f(m.group(1))
+    if available:
+        # Every TP rank prints its own figure; the engine sizes all ranks by the smallest
+        # (get_kv_cache_configs: "Change the num_blocks of each rank to the smallest").
+        values["available_kv_cache_gib"] = min(available)
     elif m := group("cpu_kv"):
         values["available_kv_cache_gib"] = _f(m.group(2))
         values["host_total_gib"] = _f(m.group(3))
