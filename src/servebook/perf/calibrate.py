@@ -11,7 +11,9 @@ Split (deterministic, documented in the book):
   lengths; a point with batch rank ``i`` and prompt rank ``j`` is *held out*
   when ``i + j`` is odd (a checkerboard over the grid), else used to calibrate.
 * **prefill** - per file, sort by prompt tokens; the point of rank ``i`` is held
-  out when ``i`` is odd.
+  out when ``i`` is odd, except the longest prompt, which always calibrates (the
+  held-out points are then interpolations, never extrapolations of the quadratic
+  attention term).
 
 The coefficients of one GPU are fitted jointly to the calibration points of
 every model measured on it (so the same efficiencies must explain a dense 8B, a
@@ -45,6 +47,7 @@ from servebook.perf.work import (
     expert_weight_bytes_read,
     prefill_work,
     prompt_chunks,
+    tokens_per_touched_expert,
 )
 
 SCHEMA = "servebook.step_timing/1"
@@ -54,7 +57,7 @@ GOALS = {"decode": 0.10, "prefill": 0.15}
 
 SPLIT_RULE = (
     "decode: per model, rank distinct batch sizes (i) and prompt lengths (j); held out when i+j is odd. "
-    "prefill: per model, rank prompt lengths (i); held out when i is odd."
+    "prefill: per model, rank prompt lengths (i); held out when i is odd, except the longest prompt."
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -163,8 +166,10 @@ def points_of(record: dict, file: str = "") -> list[Point]:
                          batch=int(d["batch"]), context_tokens=float(d["mean_context_tokens"]),
                          prompt_tokens=int(d["prompt_tokens"]), **common))
     rt = _ranks(d["tokens"] for d in record["prefill"])
+    last = len(rt) - 1
     for d in record["prefill"]:
-        out.append(Point(phase="prefill", measured_s=float(d["time_s"]), heldout=rt[d["tokens"]] % 2 == 1,
+        rank = rt[d["tokens"]]
+        out.append(Point(phase="prefill", measured_s=float(d["time_s"]), heldout=rank % 2 == 1 and rank != last,
                          prompt_tokens=int(d["tokens"]), **common))
     return out
 
@@ -174,17 +179,18 @@ def points_of(record: dict, file: str = "") -> list[Point]:
 
 _FIELDS = ("step_overhead_s", "per_sequence_overhead_s", "request_overhead_s", "weight_bandwidth_eff",
            "expert_bandwidth_eff", "kv_bandwidth_eff", "matmul_peak_eff", "matmul_half_tokens",
-           "attention_eff", "smoothmax_p", "allreduce_latency_s", "link_eff")
+           "attention_eff", "smoothmax_p", "allreduce_latency_s", "link_eff", "expert_matmul_peak_eff")
 _BOUNDS = {  # physical ranges: efficiencies cannot exceed 1
     "step_overhead_s": (1e-6, 1.0), "per_sequence_overhead_s": (1e-9, 1e-2), "request_overhead_s": (1e-6, 5.0),
     "weight_bandwidth_eff": (0.02, 1.0), "expert_bandwidth_eff": (0.02, 1.0), "kv_bandwidth_eff": (0.02, 1.0),
     "matmul_peak_eff": (0.02, 1.0), "matmul_half_tokens": (1.0, 1e5), "attention_eff": (0.01, 1.0),
     "smoothmax_p": (1.0, 20.0), "allreduce_latency_s": (1e-7, 1e-3), "link_eff": (0.02, 1.0),
+    "expert_matmul_peak_eff": (0.02, 1.0),
 }
 _START = {"step_overhead_s": 3e-3, "per_sequence_overhead_s": 1e-5, "request_overhead_s": 1e-2,
           "weight_bandwidth_eff": 0.7, "expert_bandwidth_eff": 0.5, "kv_bandwidth_eff": 0.6,
           "matmul_peak_eff": 0.6, "matmul_half_tokens": 64.0, "attention_eff": 0.4, "smoothmax_p": 3.0,
-          "allreduce_latency_s": 2e-5, "link_eff": 0.5}
+          "allreduce_latency_s": 2e-5, "link_eff": 0.5, "expert_matmul_peak_eff": 0.5}
 
 
 class _Features:
@@ -193,7 +199,8 @@ class _Features:
     def __init__(self, points: list[Point], specs: dict[str, ModelSpec], gpu: GPUNumbers):
         self.gpu = gpu
         rows: dict[str, list] = {k: [] for k in ("point", "weights", "experts", "tokens", "sequences", "linear",
-                                                  "kv", "attn", "allreduces", "arbytes", "tp")}
+                                                  "kv", "attn", "allreduces", "arbytes", "tp", "eflops",
+                                                  "erows")}
         for i, pt in enumerate(points):
             spec = specs[pt.model_id]
             if pt.phase == "decode":
@@ -214,6 +221,8 @@ class _Features:
                 rows["allreduces"].append(allreduce_count(spec, pt.tp))
                 rows["arbytes"].append(float(allreduce_bytes(spec, w.tokens, pt.tp)))
                 rows["tp"].append(pt.tp)
+                rows["eflops"].append(w.expert_flops)
+                rows["erows"].append(float(tokens_per_touched_expert(spec, w.tokens)))
         self.rows = {k: np.asarray(v, dtype=float) for k, v in rows.items()}
         self.n_points = len(points)
         self.is_prefill = np.array([p.phase == "prefill" for p in points])
@@ -227,7 +236,8 @@ class _Features:
             t = step_seconds(self.gpu, c, weight_bytes=r["weights"][m], expert_bytes=r["experts"][m],
                              tokens=r["tokens"][m], sequences=r["sequences"][m], linear_flops=r["linear"][m],
                              kv_read_bytes=r["kv"][m], attention_flops=r["attn"][m],
-                             allreduces=r["allreduces"][m], allreduce_bytes_each=r["arbytes"][m], tp=int(tp))
+                             allreduces=r["allreduces"][m], allreduce_bytes_each=r["arbytes"][m], tp=int(tp),
+                             expert_flops=r["eflops"][m], expert_rows=r["erows"][m])
             np.add.at(total, r["point"][m].astype(int), t["step_s"])
         return total + np.where(self.is_prefill, c.request_overhead_s, 0.0)
 
@@ -255,7 +265,7 @@ def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = 
     has_tp = any(p.tp > 1 for p in points)
     has_prefill = any(p.phase == "prefill" for p in points)
     free = [f for f in _FIELDS
-            if not (f == "expert_bandwidth_eff" and not has_moe)
+            if not (f in ("expert_bandwidth_eff", "expert_matmul_peak_eff") and not has_moe)
             and not (f in ("allreduce_latency_s", "link_eff") and not has_tp)
             and not (f == "request_overhead_s" and not has_prefill)]
 
@@ -264,6 +274,7 @@ def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = 
         vals.update({f: float(np.exp(v)) for f, v in zip(free, x)})
         if not has_moe:
             vals["expert_bandwidth_eff"] = vals["weight_bandwidth_eff"]
+            vals["expert_matmul_peak_eff"] = None
         if not has_tp:
             vals["allreduce_latency_s"] = None
             vals["link_eff"] = None

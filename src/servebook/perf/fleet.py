@@ -201,7 +201,7 @@ def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int,
     # chunks of different requests share a step: count sequences once per step, not per chunk
     return Work(tokens=work.tokens, sequences=1.0, sampled_tokens=work.sampled_tokens,
                 linear_flops=work.linear_flops, attention_flops=work.attention_flops,
-                kv_read_bytes=work.kv_read_bytes)
+                kv_read_bytes=work.kv_read_bytes, expert_flops=work.expert_flops)
 
 
 def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:

@@ -10,9 +10,11 @@ kernel class, joined by a smooth maximum):
 ``       + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
 ``       + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
 
-``matmul_eff(tokens) = matmul_peak_eff x tokens / (tokens + matmul_half_tokens)``:
-a GEMM with few rows (decode) cannot use the tensor cores as well as a
-prefill's thousands. ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
+``matmul_eff(rows) = peak_eff x rows / (rows + matmul_half_tokens)``: a GEMM
+with few rows (decode) cannot use the tensor cores as well as a prefill's
+thousands. Dense layers see every token of the step as a row; a routed expert
+sees only the tokens routed to it (``tokens x top-k / experts touched``), with
+its own peak ``expert_matmul_peak_eff``. ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
 
 Every ``*_eff``, overhead and ``p`` is a :class:`Coefficients` field fitted by
 :mod:`servebook.perf.calibrate` to recorded vLLM measurements; peaks come from
@@ -40,6 +42,7 @@ from servebook.perf.work import (
     expert_weight_bytes_read,
     prefill_work,
     prompt_chunks,
+    tokens_per_touched_expert,
 )
 
 
@@ -57,7 +60,8 @@ class Coefficients:
         expert_bandwidth_eff: same for routed-expert weights (fused MoE kernels).
         kv_bandwidth_eff: fraction of peak HBM bandwidth reached reading the KV cache.
         matmul_peak_eff: fraction of peak bf16 FLOP/s linear layers reach with many tokens.
-        matmul_half_tokens: tokens in a step at which linear layers reach half of that.
+        matmul_half_tokens: GEMM rows (tokens) at which linear layers reach half of that.
+        expert_matmul_peak_eff: the same peak for routed-expert GEMMs (fused MoE kernels).
         attention_eff: fraction of peak bf16 FLOP/s reached by attention math.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
@@ -80,6 +84,7 @@ class Coefficients:
     smoothmax_p: float
     allreduce_latency_s: float | None = None
     link_eff: float | None = None
+    expert_matmul_peak_eff: float | None = None
     gpu: str = ""
     source: str = ""
 
@@ -94,7 +99,7 @@ class Coefficients:
     @classmethod
     def from_dict(cls, data: dict) -> "Coefficients":
         names = {f.name for f in fields(cls)}
-        missing = names - set(data) - {"allreduce_latency_s", "link_eff", "gpu", "source"}
+        missing = names - set(data) - {"allreduce_latency_s", "link_eff", "expert_matmul_peak_eff", "gpu", "source"}
         if missing:
             raise ServebookError(f"coefficients file lacks {sorted(missing)}")
         return cls(**{k: v for k, v in data.items() if k in names})
@@ -131,7 +136,7 @@ class StepBreakdown:
 
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
-                 tp: int = 1) -> dict:
+                 tp: int = 1, expert_flops=0.0, expert_rows=1.0) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
@@ -143,7 +148,11 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
     read_s = np.asarray(weight_bytes) / (bw * c.weight_bandwidth_eff) + np.asarray(expert_bytes) / (
         bw * c.expert_bandwidth_eff)
     matmul_eff = c.matmul_peak_eff * tokens / (tokens + c.matmul_half_tokens)
-    compute_s = np.asarray(linear_flops) / (flops * matmul_eff)
+    expert_flops = np.asarray(expert_flops, dtype=float)
+    rows = np.maximum(np.asarray(expert_rows, dtype=float), 1e-9)
+    expert_peak = c.expert_matmul_peak_eff if c.expert_matmul_peak_eff is not None else c.matmul_peak_eff
+    expert_eff = expert_peak * rows / (rows + c.matmul_half_tokens)
+    compute_s = (np.asarray(linear_flops) - expert_flops) / (flops * matmul_eff) + expert_flops / (flops * expert_eff)
     linear_s = smoothmax(read_s, compute_s, c.smoothmax_p)
     attention_s = smoothmax(np.asarray(kv_read_bytes) / (bw * c.kv_bandwidth_eff),
                             np.asarray(attention_flops) / (flops * c.attention_eff), c.smoothmax_p)
@@ -170,7 +179,8 @@ def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int
                      sequences=work.sequences, linear_flops=work.linear_flops,
                      kv_read_bytes=work.kv_read_bytes, attention_flops=work.attention_flops,
                      allreduces=allreduce_count(spec, tp),
-                     allreduce_bytes_each=float(allreduce_bytes(spec, work.tokens, tp)), tp=tp)
+                     allreduce_bytes_each=float(allreduce_bytes(spec, work.tokens, tp)), tp=tp,
+                     expert_flops=work.expert_flops, expert_rows=float(tokens_per_touched_expert(spec, work.tokens)))
     return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]),
                          linear_s=float(t["linear_s"]), attention_s=float(t["attention_s"]),
                          allreduce_s=float(t["allreduce_s"]), weight_bytes=weights, expert_bytes=experts,

@@ -135,6 +135,22 @@ def matmul_params_per_token(spec: ModelSpec) -> int:
     return spec.params.active - head_and_embedding
 
 
+def expert_flops_per_token(spec: ModelSpec) -> float:
+    """Routed-expert FLOPs per token (2 x top-k x params per expert x MoE layers), 0 for dense models."""
+    if spec.moe is None:
+        return 0.0
+    return 2.0 * spec.moe.experts_per_token * spec.moe.params_per_expert * len(spec.moe.moe_layer_indices)
+
+
+def tokens_per_touched_expert(spec: ModelSpec, tokens):
+    """Rows each touched expert's GEMM gets in a step of ``tokens`` tokens (``tokens x k / distinct``)."""
+    t = np.asarray(tokens, dtype=float)
+    if spec.moe is None:
+        return t
+    distinct = expected_distinct_experts(spec, t)
+    return np.where(distinct > 0, t * spec.moe.experts_per_token / np.maximum(distinct, 1e-12), 0.0)
+
+
 def expected_distinct_experts(spec: ModelSpec, tokens) -> np.ndarray:
     """Expected distinct routed experts per MoE layer touched by ``tokens`` tokens (uniform routing)."""
     t = np.asarray(tokens, dtype=float)
@@ -171,6 +187,7 @@ class Work:
         linear_flops: FLOPs in linear layers including the LM head for sampled tokens.
         attention_flops: FLOPs of QK^T and PV.
         kv_read_bytes: KV-cache bytes read by attention.
+        expert_flops: the part of ``linear_flops`` spent in routed experts.
     """
 
     tokens: float = 0.0
@@ -179,6 +196,7 @@ class Work:
     linear_flops: float = 0.0
     attention_flops: float = 0.0
     kv_read_bytes: float = 0.0
+    expert_flops: float = 0.0
 
     def __add__(self, other: "Work") -> "Work":
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -188,7 +206,7 @@ class Work:
 
     def astuple(self) -> tuple[float, ...]:
         return (self.tokens, self.sequences, self.sampled_tokens, self.linear_flops,
-                self.attention_flops, self.kv_read_bytes)
+                self.attention_flops, self.kv_read_bytes, self.expert_flops)
 
 
 def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
@@ -222,7 +240,8 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
     tokens = batch * query_tokens
     linear = 2.0 * (matmul_params_per_token(spec) * tokens + _head_params(spec) * tokens) / tp
     return Work(tokens=tokens, sequences=batch, sampled_tokens=tokens, linear_flops=linear,
-                attention_flops=attn_flops * batch, kv_read_bytes=kv_bytes * batch)
+                attention_flops=attn_flops * batch, kv_read_bytes=kv_bytes * batch,
+                expert_flops=expert_flops_per_token(spec) * tokens / tp)
 
 
 def prefill_work(spec: ModelSpec, tokens, *, prior_tokens=0, tp: int = 1,
@@ -249,7 +268,7 @@ def prefill_work(spec: ModelSpec, tokens, *, prior_tokens=0, tp: int = 1,
     sampled = 1.0 if last_chunk else 0.0
     linear = 2.0 * (matmul_params_per_token(spec) * n + _head_params(spec) * sampled) / tp
     return Work(tokens=n, sequences=1.0, sampled_tokens=sampled, linear_flops=linear,
-                attention_flops=attn_flops, kv_read_bytes=kv_bytes)
+                attention_flops=attn_flops, kv_read_bytes=kv_bytes, expert_flops=expert_flops_per_token(spec) * n / tp)
 
 
 def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
