@@ -162,15 +162,16 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
     """
     if not isinstance(tp, int) or tp < 1:
         raise ServebookError(f"tensor parallel size {tp!r} is not allowed; use an integer >= 1")
-    valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if _tp_ok(spec, t)]
-    if not _tp_ok(spec, tp):
+    valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if tp_splits_heads(spec, t)]
+    if not tp_splits_heads(spec, tp):
         raise ServebookError(
             f"tensor parallel size {tp} does not divide the heads of {spec.name} "
             f"({spec.num_attention_heads} query heads); use one of {valid}"
         )
 
 
-def _tp_ok(spec: ModelSpec, tp: int) -> bool:
+def tp_splits_heads(spec: ModelSpec, tp: int) -> bool:
+    """True when vLLM accepts tensor-parallel size ``tp`` for this model (see :func:`check_tensor_parallel`)."""
     if spec.num_attention_heads % tp:
         return False
     for layer in spec.layers:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.kv_cache import _tp_ok
+from servebook.kv_cache import tp_splits_heads
 from servebook.model_spec import ModelSpec
 
 GIB = 2**30
@@ -410,7 +410,7 @@ def memory_budget(
 def smallest_tp_that_fits(spec: ModelSpec, gpu_memory_bytes: int, gpu_memory_utilization: float, claims_for) -> int | None:
     """Smallest valid TP size (of :data:`TP_CANDIDATES`) that leaves KV memory, or None."""
     for t in TP_CANDIDATES:
-        if not _tp_ok(spec, t):
+        if not tp_splits_heads(spec, t):
             continue
         _, left = _left(gpu_memory_bytes, gpu_memory_utilization, *claims_for(t))
         if left > 0:
