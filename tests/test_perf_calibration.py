@@ -97,3 +97,23 @@ def test_shipped_calibration_matches_the_records():
     for gpu, coeffs in refit["coefficients"].items():
         for name in FITTED:
             assert shipped["coefficients"][gpu][name] == pytest.approx(coeffs[name], rel=1e-3), (gpu, name)
+
+
+@pytest.mark.skipif(not _records(), reason=f"no recorded step-timing data yet under {RESULTS}")
+def test_chunk_budget_inverts_measured_prefill_steps():
+    """The chunk-budget answer for a measured step time is close to the tokens the engine prefilled in it."""
+    from servebook.perf.chunk_budget import prefill_tokens_within
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    points, specs = cal.load_measurements(RESULTS)
+    checked = 0
+    for p in points:
+        if p.phase != "prefill" or p.prompt_tokens < 2048:
+            continue
+        c, _ = calibrated_coefficients(p.gpu)
+        n = prefill_tokens_within(specs[p.model_id], gpu_numbers(p.gpu), c,
+                                  target_step_s=p.measured_s - c.request_overhead_s, tp=p.tp)
+        assert abs(n / p.prompt_tokens - 1) < 0.25, (p.model_id, p.prompt_tokens, n)
+        checked += 1
+    assert checked

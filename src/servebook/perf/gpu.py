@@ -56,6 +56,8 @@ _INTERCONNECT_NAMES = (
 
 def _from_object(obj) -> GPUNumbers:
     link = next((getattr(obj, n) for n in _INTERCONNECT_NAMES if getattr(obj, n, None)), 0.0)
+    if not link:  # no NVLink: tensor parallelism goes over PCIe (both directions, like NVLink's figure)
+        link = getattr(obj, "pcie_bytes_per_s", 0.0) or 0.0
     return GPUNumbers(
         name=str(getattr(obj, "name", "gpu")),
         memory_bytes=int(obj.memory_bytes),
