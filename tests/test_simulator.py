@@ -262,3 +262,20 @@ def test_memory_snapshot_of_the_preemption_example():
     snap = simulate([RequestSpec("a", 10, 5), RequestSpec("b", 10, 5)], cfg, one_second_steps,
                     snapshot_at_step=0).snapshot
     assert snap["ranges"] == [(0, 64, "a", 10), (64, 64, "b", 10)]
+
+
+def test_perf_step_time_adapter_maps_the_step_onto_mixed_step_s(monkeypatch):
+    import servebook.perf.chunk_budget as chunk_budget
+    from servebook.simulator.step_time import perf_step_time
+
+    calls = []
+
+    def fake(spec, gpu, coeffs, **kw):
+        calls.append(kw)
+        return 0.25
+
+    monkeypatch.setattr(chunk_budget, "mixed_step_s", fake)
+    step = perf_step_time("spec", "gpu", "coeffs", tp=2)
+    # 2 decoders and a prefill chunk share 300 context tokens: mean 100 per sequence.
+    assert step(64, 2, 300) == 0.25
+    assert calls == [dict(prefill_tokens=64, decode_batch=2, decode_context_tokens=100.0, tp=2, kv_cache_dtype="auto")]

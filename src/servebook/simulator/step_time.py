@@ -59,3 +59,24 @@ class LinearStepTime:
             + self.decode_seq_s * num_decode_seqs
             + self.context_token_s * context_tokens
         )
+
+
+def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "auto") -> StepTimeModel:
+    """A step-time callable backed by :mod:`servebook.perf` (``chunk_budget.mixed_step_s``).
+
+    ``spec`` is a ModelSpec, ``gpu`` and ``coeffs`` what :mod:`servebook.perf` expects
+    (a catalogue GPU and calibrated ``Coefficients``). The simulator reports the sum of
+    context over all scheduled requests; the decoding sequences' mean context is
+    approximated as ``context_tokens / (num_decode_seqs + 1 if prefill else num_decode_seqs)``
+    and the prefill chunk is priced without prior tokens. Imported lazily so that the
+    simulator does not depend on the performance model.
+    """
+    from servebook.perf.chunk_budget import mixed_step_s
+
+    def step_time_s(num_prefill_tokens: int, num_decode_seqs: int, context_tokens: int) -> float:
+        users = num_decode_seqs + (1 if num_prefill_tokens else 0)
+        mean_context = context_tokens / users if users else 0.0
+        return mixed_step_s(spec, gpu, coeffs, prefill_tokens=num_prefill_tokens, decode_batch=num_decode_seqs,
+                            decode_context_tokens=mean_context, tp=tp, kv_cache_dtype=kv_cache_dtype)
+
+    return step_time_s
