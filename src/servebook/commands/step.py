@@ -54,6 +54,15 @@ def run(args) -> int:
             raise ServebookError("--phase prefill needs --tokens N (N >= 1)")
         if args.batch is not None or args.context is not None:
             raise ServebookError("--batch/--context belong to --phase decode; prefill takes --tokens")
+        if args.prior_tokens < 0:
+            raise ServebookError("--prior-tokens must be >= 0")
+        total = args.tokens + args.prior_tokens
+        if total > spec.max_position_embeddings:
+            raise ServebookError(f"{total} tokens exceed the model's {spec.max_position_embeddings} "
+                                 "max_position_embeddings; use a shorter prompt")
+        check_decode_fits(spec, gpu, batch=1, context_tokens=total, tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          max_num_batched_tokens=max(args.tokens, 1))
         b = prefill_step(spec, gpu, coeffs, tokens=args.tokens, prior_tokens=args.prior_tokens, tp=args.tp,
                          kv_cache_dtype=args.kv_cache_dtype)
         out.update(tokens=args.tokens, prior_tokens=args.prior_tokens)

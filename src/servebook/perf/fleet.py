@@ -385,14 +385,15 @@ DRAFT_JOB = (10_000_000, 12_000, 3_000)
 DRAFT_SPEC_K = 4
 
 
-def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPlan, batch: int, k: int) -> str:
+def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPlan, batch: int, k: int,
+             draft_total_params: float) -> str:
     """One sentence naming the largest causes of the gap between the draft's hours and ours."""
     g = gpu_numbers(gpu)
     ctx = ours.mean_running_context_tokens
     dec = decode_work(spec, batch, ctx, tp=ours.tp, query_tokens=k + 1)
     from servebook.perf.work import dense_weight_bytes_read, expert_weight_bytes_read, expected_distinct_experts
     weights = dense_weight_bytes_read(spec, ours.tp) + float(expert_weight_bytes_read(spec, dec.tokens, ours.tp))
-    draft_bytes = (spec.weight_bytes / DRAFT_TP)
+    draft_bytes = draft_total_params * 2 / DRAFT_TP
     parts = [f"decode {ours.decode_hours:.0f} h vs {d['decode_hours']:.0f} h: a step reads "
              f"{weights / 1e9:.1f} GB of weights per GPU (draft: {draft_bytes / 1e9:.1f} GB) plus "
              f"{dec.kv_read_bytes / 1e9:.1f} GB of KV cache the draft ignores"]
@@ -404,8 +405,9 @@ def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPla
     p_full = prefill_work(spec, DRAFT_JOB[1])
     attn_share = p_full.attention_flops / (p_full.attention_flops + p_full.linear_flops)
     parts.append(f"prefill {ours.prefill_hours:.0f} h vs {d['prefill_hours']:.0f} h: attention is "
-                 f"{attn_share:.0%} of a 12k prompt's FLOPs and the measured matmul efficiency is "
-                 f"{coeffs.matmul_peak_eff:.0%} of peak, not 45%, and prefill rides in decode steps")
+                 f"{attn_share:.0%} of a 12k prompt's FLOPs, the calibrated matmul efficiency is "
+                 f"{coeffs.matmul_peak_eff:.0%} of peak rather than the assumed 45%, and prefill chunks share "
+                 f"decode steps' weight reads")
     return "; ".join(parts) + "."
 
 
@@ -437,5 +439,5 @@ def compare_with_draft(coeffs: Coefficients, gpu="h100-sxm", *, drafter: Drafter
                                      speculation=spec_cfg, kv_budget_bytes_per_gpu=kv_budget_bytes_per_gpu), coeffs)
         rows.append({"scenario": label, "model": model_id, "draft": d, "ours": ours.to_dict(),
                      "alpha": spec_cfg.alpha if spec_cfg else None,
-                     "why": _explain(spec, gpu, coeffs, d, ours, batch, k)})
+                     "why": _explain(spec, gpu, coeffs, d, ours, batch, k, total_b * 1e9)})
     return rows
