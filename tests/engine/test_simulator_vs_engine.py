@@ -36,3 +36,34 @@ def test_simulator_matches_vllm_step_by_step():
     assert compare_traces(sim, engine) == []
     assert sim["num_preemptions"] == engine["num_preemptions"]
     assert sim["blocks_free"] == [s["free_blocks"] for s in engine["steps"]]
+
+
+_DEFAULTS_SCRIPT = """
+import dataclasses, json
+from vllm.config import SchedulerConfig
+out = {}
+for f in dataclasses.fields(SchedulerConfig):
+    default = getattr(f.default, "default", f.default)  # pydantic Field(...) keeps it in .default
+    if isinstance(default, (bool, int, float, str)):
+        out[f.name] = default
+print("SERVEBOOK_RESULT " + json.dumps(out))
+"""
+
+
+def test_simulator_defaults_are_vllm_scheduler_defaults():
+    """SchedulerConfig's defaults that the simulator mirrors, read from vLLM 0.27.1 itself."""
+    import json
+
+    from servebook.engine_env import cpu_engine_env, run_in_engine_env
+    from servebook.simulator import SchedulerConfig
+
+    proc = run_in_engine_env(["-c", _DEFAULTS_SCRIPT], timeout_s=300, env=cpu_engine_env(1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_RESULT "))
+    vllm_defaults = json.loads(line.split(" ", 1)[1])
+    ours = SchedulerConfig(num_blocks=1)
+    assert vllm_defaults["scheduler_reserve_full_isl"] is ours.reserve_full_prompt is True
+    assert vllm_defaults["watermark"] == ours.watermark == 0.0
+    assert vllm_defaults["long_prefill_token_threshold"] == ours.long_prefill_token_threshold == 0
+    assert vllm_defaults["enable_chunked_prefill"] is ours.enable_chunked_prefill is True
+    assert vllm_defaults["policy"] == "fcfs"  # the only policy the simulator models

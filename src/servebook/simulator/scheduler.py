@@ -30,6 +30,15 @@ one full-attention KV group, no speculative decoding and no KV connector:
    computed tokens reach its length samples one token; a request with all its
    output tokens finishes and frees its blocks.
 
+Source locations in vllm 0.27.1 (``site-packages/vllm/``): ``v1/core/sched/scheduler.py``
+``Scheduler.schedule`` (line 439; running pass 485, ``self.running.pop()`` 615, waiting pass
+683, full-prompt check via ``allocate_slots(full_sequence_must_fit=...)``),
+``_preempt_request`` (1274), ``_update_after_schedule`` (1317);
+``v1/core/kv_cache_manager.py`` ``get_computed_blocks`` (229), ``allocate_slots`` (344);
+``v1/core/block_pool.py`` ``get_new_blocks`` (647), ``touch`` (702), ``free_blocks`` (719);
+``config/scheduler.py`` ``scheduler_reserve_full_isl`` and ``watermark`` (130-141);
+``platforms/cpu.py`` ``check_and_update_config`` sets ``async_scheduling = False`` (144).
+
 Differences from vLLM that the simulator accepts: no async scheduling (vLLM
 0.27.1 turns it off on CPU; on GPU it only moves when outputs become visible),
 no priority policy, no encoder inputs, no spec decoding, no sliding window.
