@@ -10,6 +10,9 @@ Public API::
         LinearStepTime, StepTimeModel,            # step cost: step_time_s(P, D, C) -> s
         simulate, SimulationResult,               # run; .steps, .requests, .summary()
     )
+    servebook.simulator.step_time.perf_step_time(spec, gpu, coeffs)   # price steps with servebook.perf
+    servebook.simulator.plots                     # memory maps, block tables, Gantt, KV over time
+    servebook.simulator.engine_trace              # record vLLM's own schedule; compare step by step
 """
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
