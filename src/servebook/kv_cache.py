@@ -393,6 +393,34 @@ def _replace_block_size(l: LayerCacheSpec, block_size: int) -> LayerCacheSpec:
     )
 
 
+def layer_cache_specs(
+    spec: ModelSpec,
+    *,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
+    tp: int = 1,
+    device: Device = "cuda",
+) -> list[LayerCacheSpec]:
+    """Per-layer cache specs on one GPU, before page unification and grouping.
+
+    What each attention layer's ``get_kv_cache_spec`` returns in vLLM 0.27.1
+    (``model_executor/layers/attention/attention.py``; MLA layers in
+    ``mla_attention.py``): layers that reuse another layer's cache are left out.
+    """
+    bs = default_block_size(device) if block_size is None else block_size
+    _check_block_size(bs)
+    check_tensor_parallel(spec, tp)
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    layers = [
+        _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp)
+        for i, layer in enumerate(spec.layers)
+        if layer.owns_cache
+    ]
+    if not layers:
+        raise ServebookError(f"{spec.name} has no layer that owns a KV cache; nothing to size")
+    return layers
+
+
 def kv_cache_layout(
     spec: ModelSpec,
     *,
@@ -418,18 +446,7 @@ def kv_cache_layout(
     are unified and layers split into equal-size groups with padding
     (``_get_kv_cache_groups_uniform_page_size``).
     """
-    bs = default_block_size(device) if block_size is None else block_size
-    _check_block_size(bs)
-    check_tensor_parallel(spec, tp)
-    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
-    layers = [
-        _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp)
-        for i, layer in enumerate(spec.layers)
-        if layer.owns_cache
-    ]
-    if not layers:
-        raise ServebookError(f"{spec.name} has no layer that owns a KV cache; nothing to size")
-
+    layers = layer_cache_specs(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device)
     common = dict(tp=tp, kv_cache_dtype=kv_cache_dtype)
     # 1. Every layer identical (is_kv_cache_spec_uniform): one group.
     if len({l._key() for l in layers}) == 1:

@@ -91,3 +91,100 @@ def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(tmp_path):
         "gpu_memory_utilization": 0.9, "max_num_batched_tokens": plan.max_num_batched_tokens,
         "max_num_seqs": plan.recommended_max_num_seqs, "kv_cache_dtype": "fp8", "block_size": 32,
     }
+
+
+# ---- vLLM's own KV cache arithmetic on full-size reference models (no engine, no GPU) ----------
+#
+# The per-layer specs servebook builds (checked against real engines by the CPU fixtures) are fed
+# to vLLM 0.27.1's own get_kv_cache_groups / get_kv_cache_config_from_groups /
+# get_kv_cache_capacity. Grouping, page unification, padding, block counts, logged tokens and
+# concurrency must then agree exactly for H200-size models that cannot start on this machine.
+
+VLLM_MATH = r"""
+import json, sys
+from types import SimpleNamespace
+import torch
+from vllm.v1.core.kv_cache_utils import (get_kv_cache_capacity, get_kv_cache_config_from_groups,
+                                         get_kv_cache_groups)
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+DTYPE = {2: torch.bfloat16, 1: torch.uint8}
+out = []
+for case in json.loads(open(sys.argv[1]).read()):
+    specs = {}
+    for l in case["layers"]:
+        common = dict(block_size=l["block_size"], num_kv_heads=l["kv_heads"], head_size=l["head_dim"],
+                      dtype=DTYPE[l["dtype_bytes"]])
+        if l["kind"] == "mla":
+            spec = MLAAttentionSpec(**common)
+        elif l["kind"] == "sliding":
+            spec = SlidingWindowSpec(**common, head_size_v=l["v_head_dim"], sliding_window=l["sliding_window"])
+        else:
+            spec = FullAttentionSpec(**common, head_size_v=l["v_head_dim"])
+        specs[f"model.layers.{l['layer_index']}.self_attn.attn"] = spec
+    cfg = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=case["max_model_len"]),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False,
+                                         max_num_batched_tokens=case["max_num_batched_tokens"]),
+        cache_config=SimpleNamespace(num_gpu_blocks_override=None),
+        kv_transfer_config=None,
+        max_in_flight_tokens=case["in_flight_tokens"],
+    )
+    groups = get_kv_cache_groups(cfg, specs)
+    kv = get_kv_cache_config_from_groups(cfg, groups, case["available"])
+    tokens, conc = get_kv_cache_capacity(cfg, kv)
+    out.append({"name": case["name"], "num_blocks": kv.num_blocks, "tokens": tokens, "concurrency": conc,
+                "group_sizes": sorted(len(g.layer_names) for g in groups),
+                "block_sizes": sorted(g.kv_cache_spec.block_size for g in groups)})
+print("SERVEBOOK_VLLM " + json.dumps(out))
+"""
+
+REFERENCE_CASES = [
+    # (model id, tp, kv dtype, max_model_len, max_num_batched_tokens, GiB available per GPU)
+    ("llama-3.1-8b", 1, "auto", 8000, 8192, 110.5),
+    ("llama-3.1-70b", 16, "auto", 131072, 8192, 120.0),   # TP > KV heads: replicated heads
+    ("qwen3-30b-a3b", 2, "fp8", 32768, 8192, 90.0),
+    ("mistral-7b-v0.1", 1, "auto", 32768, 8192, 100.0),   # every layer sliding (4096)
+    ("gemma-3-27b", 1, "auto", 32768, 8192, 70.0),        # 52 sliding + 10 full: 8 padding layers
+    ("gemma-3-27b", 8, "fp8", 131072, 2048, 110.0),
+    ("gemma-4-31b", 2, "auto", 65536, 8192, 90.0),        # 256- vs 512-dim heads: pages unified
+    ("gpt-oss-20b", 1, "auto", 131072, 16384, 100.0),     # alternating window 128 / full
+    ("deepseek-v3", 8, "auto", 163840, 8192, 40.0),       # MLA latent, replicated on every rank
+    ("deepseek-v2-lite", 1, "fp8", 32768, 8192, 100.0),
+]
+
+
+def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(tmp_path):
+    import dataclasses
+    import subprocess
+
+    from servebook.engine_env import vllm_python
+    from servebook.kv_cache import layer_cache_specs
+
+    cases, expected = [], {}
+    for model, tp, dtype, length, tokens, gib in REFERENCE_CASES:
+        spec = load_model_spec(model)
+        name = f"{model}-tp{tp}-{dtype}-{length}"
+        available = int(gib * GIB)
+        cases.append({
+            "name": name, "max_model_len": length, "max_num_batched_tokens": tokens,
+            "in_flight_tokens": 2 * tokens,  # async scheduling, the CUDA default
+            "available": available,
+            "layers": [dataclasses.asdict(l) for l in layer_cache_specs(spec, kv_cache_dtype=dtype, tp=tp)],
+        })
+        expected[name] = capacity(spec, available, max_model_len=length, max_num_batched_tokens=tokens,
+                                  kv_cache_dtype=dtype, tp=tp, device="cuda")
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "vllm_kv_math.py").write_text(VLLM_MATH)
+    proc = subprocess.run([str(vllm_python()), str(tmp_path / "vllm_kv_math.py"), str(tmp_path / "cases.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_VLLM "))
+    for got in json.loads(line.split(" ", 1)[1]):
+        cap = expected[got["name"]]
+        assert got["num_blocks"] == cap.num_gpu_blocks, got["name"]
+        assert got["tokens"] == cap.kv_cache_tokens, got["name"]
+        assert got["concurrency"] == cap.max_concurrency, got["name"]
+        assert got["group_sizes"] == sorted(len(g.layer_indices) for g in cap.layout.groups), got["name"]
+        assert got["block_sizes"] == sorted(g.spec.block_size for g in cap.layout.groups), got["name"]
