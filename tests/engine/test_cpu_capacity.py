@@ -188,3 +188,58 @@ def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(tmp_pa
         assert got["concurrency"] == cap.max_concurrency, got["name"]
         assert got["group_sizes"] == sorted(len(g.layer_indices) for g in cap.layout.groups), got["name"]
         assert got["block_sizes"] == sorted(g.spec.block_size for g in cap.layout.groups), got["name"]
+
+
+DEFAULTS = r"""
+import json
+from unittest import mock
+import vllm.engine.arg_utils as au
+from vllm.config.cache import CacheConfig
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE, get_dtype_size
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+def batch(memory_gib, name, cpu):
+    p = au.current_platform
+    with mock.patch.object(p, "get_device_total_memory", lambda *a, **k: int(memory_gib * 2**30)), \
+         mock.patch.object(p, "get_device_name", lambda *a, **k: name), \
+         mock.patch.object(p, "is_cpu", lambda: cpu), mock.patch.object(p, "is_tpu", lambda: False):
+        tokens, seqs = au.EngineArgs.get_batch_defaults(1)
+    return {ctx: [tokens[getattr(UsageContext, ctx)], seqs[getattr(UsageContext, ctx)]]
+            for ctx in ("OPENAI_API_SERVER", "LLM_CLASS")}
+
+out = {
+    "default_block_size": CacheConfig.DEFAULT_BLOCK_SIZE,
+    "gpu_memory_utilization": CacheConfig().gpu_memory_utilization,
+    "sliding_kernel_block": [min(s.base if hasattr(s, "base") else s for s in b.get_supported_kernel_block_sizes())
+                             for b in (CPUAttentionBackend, FlashAttentionBackend)],
+    "dtype_bytes": {k: get_dtype_size(STR_DTYPE_TO_TORCH_DTYPE[k]) for k in ("bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")},
+    "batch": {"h200": batch(139.8, "NVIDIA H200", False), "a100": batch(79.3, "NVIDIA A100-SXM4-80GB", False),
+              "l40s": batch(44.4, "NVIDIA L40S", False), "cpu": batch(11.6, "cpu", True)},
+}
+print("SERVEBOOK_DEFAULTS " + json.dumps(out))
+"""
+
+
+def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(tmp_path):
+    import subprocess
+
+    from servebook.engine_env import vllm_python
+    from servebook.kv_cache import (CUDA_DEFAULT_BLOCK_SIZE, KV_DTYPE_BYTES, SLIDING_KERNEL_BLOCK_SIZE)
+    from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
+
+    (tmp_path / "defaults.py").write_text(DEFAULTS)
+    proc = subprocess.run([str(vllm_python()), str(tmp_path / "defaults.py")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_DEFAULTS "))
+    got = json.loads(line.split(" ", 1)[1])
+    assert got["default_block_size"] == CUDA_DEFAULT_BLOCK_SIZE
+    assert got["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
+    assert got["sliding_kernel_block"] == [SLIDING_KERNEL_BLOCK_SIZE] * 2
+    assert got["dtype_bytes"] == {k: KV_DTYPE_BYTES[k] for k in got["dtype_bytes"]}
+    gpus = {"h200": (139.8, "NVIDIA H200", "cuda"), "a100": (79.3, "NVIDIA A100-SXM4-80GB", "cuda"),
+            "l40s": (44.4, "NVIDIA L40S", "cuda"), "cpu": (11.6, "cpu", "cpu")}
+    for key, (gib, name, device) in gpus.items():
+        for ctx, pair in got["batch"][key].items():
+            assert list(vllm_batch_defaults(int(gib * GIB), name, usage_context=ctx, device=device)) == pair, (key, ctx)
