@@ -17,7 +17,7 @@ def _note(docname: str, source_suffix: str) -> nodes.Node | None:
         intro = ("Run this notebook live: download its source with the download button at the top of "
                  f"the page ({path}, a MyST-markdown notebook), or use a clone of the repository. "
                  "In JupyterLab, right-click the file and choose Open With → Jupytext Notebook.")
-        steps = (f"bash scripts/book.sh            # once: makes .venv with the book's requirements\n"
+        steps = (f"bash scripts/build-book.sh      # once: makes .venv with the book's requirements\n"
                  f".venv/bin/pip install \"jupyterlab>=4.2,<5\"\n"
                  f".venv/bin/jupyter lab {path}")
     elif docname.startswith("labs/"):
