@@ -2,6 +2,7 @@
 # Each helper is idempotent: a stamp file holding a hash of its inputs skips work already done.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+set -o pipefail   # a failing install inside a filtered pipeline must count as failing
 VENV="$ROOT/.venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -41,7 +42,11 @@ ensure_venv() {
     return 0
   fi
   say "installing requirements.txt into $VENV"
-  "$VENV/bin/pip" install -q -r "$ROOT/requirements.txt" || die "pip install -r requirements.txt failed (see above)"
+  # (grep drops one machine-specific pip warning about index folders that do not exist)
+  if ! "$VENV/bin/pip" install -q -r "$ROOT/requirements.txt" 2>&1 \
+       | { grep -v "is ignored: it is neither a file nor a directory" || true; }; then
+    die "pip install -r requirements.txt failed (see above)"
+  fi
   echo "$want" > "$stamp"
 }
 
