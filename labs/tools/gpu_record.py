@@ -108,14 +108,23 @@ def run_case(case: dict, timeout_s: float) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(case, fh)
     t0 = time.time()
+    proc = subprocess.Popen([sys.executable, __file__, "_child", fh.name], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        proc = subprocess.run([sys.executable, __file__, "_child", fh.name], capture_output=True,
-                              text=True, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        log = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        log += (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        log, _ = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
         rc = "timeout"
+    finally:
+        # The engine core and workers are grandchildren: kill the whole process group so
+        # the next case starts on a GPU with its memory free.
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+    if rc == "timeout":
+        log, _ = proc.communicate()
     result = None
     for line in log.splitlines():
         if line.startswith(MARK):
