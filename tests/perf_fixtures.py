@@ -18,7 +18,8 @@ QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", 
 H200 = GPUNumbers("h200", 141 * 10**9, 4.8e12, 989e12, 1979e12, 900e9)
 
 # Known coefficients for synthetic-data tests (not calibrated values: test inputs)
-KNOWN = Coefficients(expert_matmul_peak_eff=0.4, step_overhead_s=2e-3, per_sequence_overhead_s=5e-6, request_overhead_s=8e-3,
+KNOWN = Coefficients(expert_matmul_peak_eff=0.4, per_moe_layer_overhead_s=3e-5, eager_moe_layer_s=1.5e-3,
+                     step_overhead_s=2e-3, per_sequence_overhead_s=5e-6, request_overhead_s=8e-3,
                      weight_bandwidth_eff=0.8, expert_bandwidth_eff=0.55, kv_bandwidth_eff=0.65,
                      matmul_peak_eff=0.7, matmul_half_tokens=100.0, attention_eff=0.45, smoothmax_p=4.0,
                      gpu="h200", source="test")

@@ -4,11 +4,19 @@ One engine step runs three kinds of kernels one after another, and each kind is
 limited by whichever of bandwidth or compute it exhausts first (a roofline per
 kernel class, joined by a smooth maximum):
 
-``step_s = step_overhead_s + per_sequence_overhead_s x sequences``
-``       + smoothmax(weights_bytes / (BW x weight_eff) + expert_bytes / (BW x expert_eff),``
-``                   linear_flops / (FLOPS x matmul_eff(tokens)))``
-``       + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
-``       + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
+``step_s = overhead_s + body_s``, where
+
+``overhead_s = step_overhead_s + per_sequence_overhead_s x sequences``
+``           + per_layer_overhead_s x layers + per_moe_layer_overhead_s x MoE layers``
+``gpu_s = smoothmax(weights_bytes / (BW x weight_eff) + expert_bytes / (BW x expert_eff),``
+``                  linear_flops / (FLOPS x matmul_eff(tokens)))``
+``      + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
+``      + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
+``body_s = gpu_s`` for steps replayed as CUDA graphs (at most ``cudagraph_max_tokens``
+tokens), and ``smoothmax(gpu_s, eager_layer_s x layers + eager_moe_layer_s x MoE
+layers)`` for larger steps, which vLLM runs eagerly: the host must launch every
+kernel, and for small GPU work that launch time is the floor (measured: a
+Qwen3-30B-A3B prefill of 1,024-4,096 tokens takes the same ~85 ms).
 
 ``matmul_eff(rows) = peak_eff x rows / (rows + matmul_half_tokens)``: a GEMM
 with few rows (decode) cannot use the tensor cores as well as a prefill's
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +71,10 @@ class Coefficients:
         matmul_half_tokens: GEMM rows (tokens) at which linear layers reach half of that.
         expert_matmul_peak_eff: the same peak for routed-expert GEMMs (fused MoE kernels).
         attention_eff: fraction of peak bf16 FLOP/s reached by attention math.
+        per_layer_overhead_s: fixed cost per decoder layer per step (gaps between kernels), s.
+        per_moe_layer_overhead_s: extra fixed cost per MoE layer per step (routing, sorting), s.
+        eager_layer_s: host time to launch one decoder layer's kernels in an eager step, s.
+        eager_moe_layer_s: extra host time per MoE layer in an eager step, s.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
             measurement calibrated it (then 0 is used and results say so).
@@ -85,6 +97,10 @@ class Coefficients:
     allreduce_latency_s: float | None = None
     link_eff: float | None = None
     expert_matmul_peak_eff: float | None = None
+    per_layer_overhead_s: float = 0.0
+    per_moe_layer_overhead_s: float = 0.0
+    eager_layer_s: float = 0.0
+    eager_moe_layer_s: float = 0.0
     gpu: str = ""
     source: str = ""
 
@@ -99,7 +115,8 @@ class Coefficients:
     @classmethod
     def from_dict(cls, data: dict) -> "Coefficients":
         names = {f.name for f in fields(cls)}
-        missing = names - set(data) - {"allreduce_latency_s", "link_eff", "expert_matmul_peak_eff", "gpu", "source"}
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = names - set(data) - optional
         if missing:
             raise ServebookError(f"coefficients file lacks {sorted(missing)}")
         return cls(**{k: v for k, v in data.items() if k in names})
@@ -118,7 +135,7 @@ class StepBreakdown:
     """Seconds of one step by term, plus the counts behind them (per GPU)."""
 
     step_s: float
-    overhead_s: float
+    overhead_s: float  # fixed costs, plus the host-launch excess of an eager step
     linear_s: float
     attention_s: float
     allreduce_s: float
@@ -136,7 +153,7 @@ class StepBreakdown:
 
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
-                 tp: int = 1, expert_flops=0.0, expert_rows=1.0) -> dict:
+                 tp: int = 1, expert_flops=0.0, expert_rows=1.0, layers=0, moe_layers=0, eager=False) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
@@ -164,14 +181,41 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
                                  "tensor parallelism cannot be modelled on it")
         per = (c.allreduce_latency_s or 0.0) + 2 * (tp - 1) / tp * np.asarray(allreduce_bytes_each) / link
         allreduce_s = np.asarray(allreduces) * per
-    overhead_s = c.step_overhead_s + c.per_sequence_overhead_s * np.asarray(sequences, dtype=float)
-    return {"step_s": overhead_s + linear_s + attention_s + allreduce_s, "overhead_s": overhead_s,
+    layers = np.asarray(layers, dtype=float)
+    moe_layers = np.asarray(moe_layers, dtype=float)
+    overhead_s = (c.step_overhead_s + c.per_sequence_overhead_s * np.asarray(sequences, dtype=float)
+                  + c.per_layer_overhead_s * layers + c.per_moe_layer_overhead_s * moe_layers)
+    gpu_s = linear_s + attention_s + allreduce_s
+    host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers
+    body_s = np.where(np.asarray(eager, dtype=bool), smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
+    return {"step_s": overhead_s + body_s, "overhead_s": overhead_s,
             "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
-            "compute_bound": compute_s > read_s}
+            "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
 
 
-def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int = 1) -> StepBreakdown:
-    """Seconds of one engine step whose content is ``work`` (per GPU of a TP group)."""
+#: vLLM 0.27.1's default largest CUDA-graph size when ``max_num_seqs`` >= 256
+#: (``min(max_num_seqs x (1 + drafts) x 2, 512, max_num_batched_tokens)``, vllm/config/vllm.py).
+DEFAULT_CUDAGRAPH_MAX_TOKENS = 512
+
+
+def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int, *, enforce_eager: bool = False,
+                         num_speculative_tokens: int = 0) -> int:
+    """Largest step (tokens) vLLM replays as a CUDA graph; bigger steps run eagerly (0 with enforce_eager)."""
+    if enforce_eager:
+        return 0
+    return min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512, max_num_batched_tokens)
+
+
+def _moe_layers(spec: ModelSpec) -> int:
+    return len(spec.moe.moe_layer_indices) if spec.moe else 0
+
+
+def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int = 1,
+              cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> StepBreakdown:
+    """Seconds of one engine step whose content is ``work`` (per GPU of a TP group).
+
+    Steps of more than ``cudagraph_max_tokens`` tokens run eagerly (see module docstring).
+    """
     g = gpu_numbers(gpu)
     weights = dense_weight_bytes_read(spec, tp)
     experts = float(expert_weight_bytes_read(spec, work.tokens, tp))
@@ -180,8 +224,9 @@ def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int
                      kv_read_bytes=work.kv_read_bytes, attention_flops=work.attention_flops,
                      allreduces=allreduce_count(spec, tp),
                      allreduce_bytes_each=float(allreduce_bytes(spec, work.tokens, tp)), tp=tp,
-                     expert_flops=work.expert_flops, expert_rows=float(tokens_per_touched_expert(spec, work.tokens)))
-    return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]),
+                     expert_flops=work.expert_flops, expert_rows=float(tokens_per_touched_expert(spec, work.tokens)),
+                     layers=spec.num_layers, moe_layers=_moe_layers(spec), eager=work.tokens > cudagraph_max_tokens)
+    return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]) + float(t["eager_extra_s"]),
                          linear_s=float(t["linear_s"]), attention_s=float(t["attention_s"]),
                          allreduce_s=float(t["allreduce_s"]), weight_bytes=weights, expert_bytes=experts,
                          kv_read_bytes=work.kv_read_bytes, linear_flops=work.linear_flops,
