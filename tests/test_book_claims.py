@@ -1,0 +1,161 @@
+"""Nothing the book names escapes the vLLM drift test.
+
+Scans book/*.md, notebooks/*.md and labs/**/*.md for every ``--flag`` and every ``vllm:metric``
+and fails when one is not listed in src/servebook/data/vllm_claims.toml (which
+tests/engine/test_vllm_drift.py checks against the installed vLLM). A ``--flag`` on a line that
+runs ``servebook`` is checked against servebook's own parser instead; flags of other tools must be
+listed as ``[[other_flag]]``. Runs without vLLM (plain .venv).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAIMS_PATH = ROOT / "src" / "servebook" / "data" / "vllm_claims.toml"
+
+FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+METRIC_RE = re.compile(r"vllm:[a-z][a-z0-9_]*")
+#: Prometheus adds these to a metric's registered name when it exposes it.
+EXPOSITION_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+def load_claims() -> dict:
+    return tomllib.loads(CLAIMS_PATH.read_text())
+
+
+def book_sources(root: Path = ROOT) -> list[Path]:
+    """Every page, notebook and lab the book publishes."""
+    files = sorted((root / "book").glob("*.md")) + sorted((root / "notebooks").glob("*.md"))
+    files += sorted(p for p in (root / "labs").rglob("*.md") if "results" not in p.parts)
+    return files
+
+
+def names_in(text: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    """(flags as (line number, flag, line), metrics as (line number, metric)) named in ``text``."""
+    flags, metrics = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        flags += [(number, m, line) for m in FLAG_RE.findall(line)]
+        metrics += [(number, m) for m in METRIC_RE.findall(line)]
+    return flags, metrics
+
+
+def metric_base(name: str, known: set[str]) -> str:
+    """The registered name behind an exposed one (``vllm:num_preemptions_total`` -> registered)."""
+    if name in known:
+        return name
+    for suffix in EXPOSITION_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in known:
+            return name[: -len(suffix)]
+    return name
+
+
+def servebook_flags() -> set[str]:
+    """Every option string of every ``servebook`` sub-command."""
+    from servebook.cli import build_parser
+
+    parser = build_parser()
+    found = {s for s in parser._option_string_actions if s.startswith("--")}
+    for action in parser._actions:
+        for sub in getattr(action, "choices", None) and action.choices.values() or []:
+            found |= {s for s in sub._option_string_actions if s.startswith("--")}
+    return found
+
+
+def serve_commands(text: str) -> list[list[str]]:
+    """argv (after ``vllm serve``) of every ``vllm serve`` command printed in a fenced block."""
+    commands = []
+    in_fence = False
+    lines: list[str] = []
+    for raw in text.splitlines():
+        if raw.strip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            lines.append(raw)
+        elif lines:
+            lines.append("")
+    joined = "\n".join(lines).replace("\\\n", " ")
+    for line in joined.splitlines():
+        s = line.strip().lstrip("$ ").strip()
+        if s.startswith("vllm serve "):
+            words = shlex.split(s, comments=True)
+            commands.append(words[2:])
+    return commands
+
+
+def unknown_names(files: list[Path], claims: dict) -> list[str]:
+    vllm_flags = {f["flag"] for f in claims.get("flag", [])}
+    other = {f["flag"] for f in claims.get("other_flag", [])}
+    metrics = {m["name"] for m in claims.get("metric", [])}
+    ours = servebook_flags()
+    problems = []
+    for path in files:
+        flags, found_metrics = names_in(path.read_text())
+        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for number, flag, line in flags:
+            if flag in vllm_flags or flag in other:
+                continue
+            if "servebook" in line and flag in ours:
+                continue
+            problems.append(f"{rel}:{number}: {flag} is not in vllm_claims.toml")
+        for number, metric in found_metrics:
+            if metric_base(metric, metrics) not in metrics:
+                problems.append(f"{rel}:{number}: {metric} is not in vllm_claims.toml")
+    return problems
+
+
+def test_every_flag_and_metric_the_book_names_is_a_checked_claim():
+    files = book_sources()
+    assert any(p.parent.name == "book" for p in files)
+    assert unknown_names(files, load_claims()) == []
+
+
+def test_scanner_catches_an_unlisted_flag_and_metric(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Set `--max-num-seqs` and `--max-num-sequences` and watch `vllm:num_preemptions_total`\n"
+        "and `vllm:num_preempted`.\n"
+        "```bash\nservebook plan --config llama-3.1-8b --tp 2\n```\n"
+        "and a vLLM line naming --tp on its own.\n"
+    )
+    problems = unknown_names([page], load_claims())
+    assert problems == [
+        f"{page}:1: --max-num-sequences is not in vllm_claims.toml",
+        f"{page}:6: --tp is not in vllm_claims.toml",
+        f"{page}:2: vllm:num_preempted is not in vllm_claims.toml",
+    ]
+
+
+def test_serve_commands_are_extracted_with_continuations():
+    text = ("Prose vllm serve x --not-a-command\n```bash\n$ vllm serve meta-llama/Llama-3.1-8B \\\n"
+            "  --max-model-len 8192 \\\n  --kv-cache-dtype fp8\n```\n")
+    assert serve_commands(text) == [["meta-llama/Llama-3.1-8B", "--max-model-len", "8192", "--kv-cache-dtype", "fp8"]]
+
+
+def test_claims_file_is_well_formed():
+    claims = load_claims()
+    import servebook
+
+    assert claims["pinned"] == servebook.PINNED_VLLM
+    for kind in ("flag", "default", "runtime_default", "metric", "log"):
+        assert claims[kind], kind
+    for f in claims["flag"]:
+        assert f["flag"].startswith("--") and f.get("meaning") and f.get("section"), f
+        assert f.get("exists", True) is False or "dest" in f, f
+    ids = [f["flag"] for f in claims["flag"]]
+    assert len(ids) == len(set(ids))
+    for m in claims["metric"]:
+        assert METRIC_RE.fullmatch(m["name"]), m
+
+
+@pytest.mark.parametrize("path", book_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_printed_serve_commands_use_only_claimed_flags(path):
+    flags = {f["flag"] for f in load_claims()["flag"] if f.get("exists", True)}
+    for argv in serve_commands(path.read_text()):
+        used = [w.split("=", 1)[0] for w in argv if w.startswith("--")]
+        assert set(used) <= flags, (path.name, sorted(set(used) - flags))
