@@ -6,7 +6,7 @@ import pytest
 from perf_fixtures import H200, KNOWN, LLAMA_8B, QWEN3_MOE, spec
 from servebook.errors import ServebookError
 from servebook.perf import work as W
-from servebook.perf.model import Coefficients, decode_step, smoothmax, prefill_request_s
+from servebook.perf.model import Coefficients, decode_step, prefill_request_s, prefill_step, smoothmax
 
 LLAMA = spec(LLAMA_8B, "llama-3.1-8b")
 MOE = spec(QWEN3_MOE, "qwen3-30b-a3b")
@@ -114,3 +114,24 @@ def test_tp_allreduce_uses_link_bandwidth():
     one = decode_step(LLAMA, H200, c, batch=8, context_tokens=1000, tp=2)
     # 2 all-reduces x 32 layers x (10 us + 2*(1/2) x 8 x 4096 x 2 B / (450e9 x 0.5))
     assert one.allreduce_s == pytest.approx(64 * (1e-5 + 8 * 4096 * 2 / 225e9))
+
+
+def test_eager_steps_above_the_graph_size_pay_the_host_floor():
+    c = Coefficients(**{**KNOWN.to_dict(), "eager_moe_layer_s": 1e-3, "smoothmax_p": 50.0})
+    graphed = prefill_step(MOE, H200, c, tokens=512)
+    eager = prefill_step(MOE, H200, c, tokens=513)
+    # 48 MoE layers x 1 ms of host launches floor the eager step; the graphed one is far below it
+    assert graphed.step_s < 0.048 < eager.step_s
+    assert prefill_step(MOE, H200, c, tokens=513, cudagraph_max_tokens=1024).step_s < 0.048
+    assert prefill_step(LLAMA, H200, c, tokens=513).step_s < 0.048   # no MoE layers, no floor
+
+
+def test_cudagraph_size_follows_vllm_default():
+    from servebook.perf.model import cudagraph_max_tokens
+
+    # min(max_num_seqs x (1 + drafts) x 2, 512, max_num_batched_tokens) - vllm/config/vllm.py (0.27.1)
+    assert cudagraph_max_tokens(256, 16384) == 512
+    assert cudagraph_max_tokens(64, 16384) == 128
+    assert cudagraph_max_tokens(64, 16384, num_speculative_tokens=3) == 512
+    assert cudagraph_max_tokens(256, 256) == 256
+    assert cudagraph_max_tokens(256, 16384, enforce_eager=True) == 0

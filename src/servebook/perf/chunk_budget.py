@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
-from servebook.perf.model import Coefficients, step_time
+from servebook.perf.model import DEFAULT_CUDAGRAPH_MAX_TOKENS, Coefficients, step_time
 from servebook.perf.work import Work, check_tp, decode_work, prefill_work
 
 
 def mixed_step_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prefill_tokens: int, decode_batch: int = 0,
                  decode_context_tokens: float = 0.0, prior_tokens: int = 0, tp: int = 1,
-                 kv_cache_dtype: str = "auto") -> float:
-    """Seconds of a step with ``decode_batch`` decoding sequences plus one prefill chunk."""
+                 kv_cache_dtype: str = "auto", cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> float:
+    """Seconds of a step with ``decode_batch`` decoding sequences plus one prefill chunk.
+
+    Steps above ``cudagraph_max_tokens`` run eagerly (vLLM's default largest graph is 512 tokens).
+    """
     work = Work()
     if decode_batch:
         work = work + decode_work(spec, decode_batch, decode_context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
@@ -26,7 +29,7 @@ def mixed_step_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prefill_tokens: 
                                    kv_cache_dtype=kv_cache_dtype, last_chunk=False)
     if work.tokens == 0:
         raise ServebookError("a step needs at least one decode sequence or one prefill token")
-    return step_time(spec, gpu, work, coeffs, tp=tp).step_s
+    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens).step_s
 
 
 def prefill_tokens_within(spec: ModelSpec, gpu, coeffs: Coefficients, *, target_step_s: float,

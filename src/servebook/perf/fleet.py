@@ -29,7 +29,7 @@ import numpy as np
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
-from servebook.perf.model import Coefficients, step_time
+from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
@@ -129,6 +129,7 @@ class Deployment:
     kv_budget_bytes_per_gpu: float | None = None
     speculation: Speculation | None = None
     price_per_gpu_hour: float = 0.0
+    cudagraph_max_tokens: int | None = None  # None: vLLM's default for these settings
 
 
 @dataclass(frozen=True)
@@ -280,8 +281,16 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     decode = decode_work(spec, b_eff, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype, query_tokens=q,
                          context_weights=weights)
     prefill = per_request_prefill.scaled(finish_per_step)
-    step = step_time(spec, d.gpu, decode + prefill, coeffs, tp=tp).step_s
-    decode_only = step_time(spec, d.gpu, decode, coeffs, tp=tp).step_s
+    graph_max = d.cudagraph_max_tokens
+    if graph_max is None:
+        graph_max = cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens, num_speculative_tokens=spec_k)
+    step_tokens = (decode + prefill).tokens
+    if step_tokens > graph_max:
+        notes.append(f"steady-state steps carry {step_tokens:.0f} tokens, more than the largest CUDA graph "
+                     f"({graph_max} tokens): they run eagerly (raise compilation_config.max_cudagraph_capture_size "
+                     "or lower max_num_batched_tokens)")
+    step = step_time(spec, d.gpu, decode + prefill, coeffs, tp=tp, cudagraph_max_tokens=graph_max).step_s
+    decode_only = step_time(spec, d.gpu, decode, coeffs, tp=tp, cudagraph_max_tokens=graph_max).step_s
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
         draft_s = spec_k * draft_pass_s(drafter, d.gpu, coeffs, batch=b_eff, context_tokens=ctx,
@@ -402,6 +411,9 @@ def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPla
                       f"touched per layer")
     if k:
         parts.append(f"verifying {k + 1} tokens per sequence makes each step {ours.step_s * 1e3:.1f} ms")
+    eager = [n for n in ours.notes if "run eagerly" in n]
+    if eager:
+        parts.append(eager[0].split(":")[0] + ", so they run eagerly and pay the measured host-launch floor")
     p_full = prefill_work(spec, DRAFT_JOB[1])
     attn_share = p_full.attention_flops / (p_full.attention_flops + p_full.linear_flops)
     parts.append(f"prefill {ours.prefill_hours:.0f} h vs {d['prefill_hours']:.0f} h: attention is "
@@ -412,7 +424,8 @@ def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPla
 
 
 def compare_with_draft(coeffs: Coefficients, gpu="h100-sxm", *, drafter: Drafter = Drafter(),
-                       kv_budget_bytes_per_gpu: float | None = None) -> list[dict]:
+                       kv_budget_bytes_per_gpu: float | None = None,
+                       cudagraph_max_tokens: int | None = 8192) -> list[dict]:
     """The draft's five 6.22 scenarios: its numbers (its formula) and ours, with the reason they differ.
 
     Ours uses the real Gemma 4 configs (reference ids ``gemma-4-26b-a4b`` and
@@ -435,8 +448,9 @@ def compare_with_draft(coeffs: Coefficients, gpu="h100-sxm", *, drafter: Drafter
         if accept:
             k = DRAFT_SPEC_K
             spec_cfg = Speculation(k, acceptance_for_tokens_per_step(1 + accept, k), drafter)
-        ours = plan(work, Deployment(label, spec, gpu, gpus=gpus, tp=DRAFT_TP, batch=batch,
-                                     speculation=spec_cfg, kv_budget_bytes_per_gpu=kv_budget_bytes_per_gpu), coeffs)
+        ours = plan(work, Deployment(label, spec, gpu, gpus=gpus, tp=DRAFT_TP, batch=batch, max_num_batched_tokens=8192,
+                                     speculation=spec_cfg, kv_budget_bytes_per_gpu=kv_budget_bytes_per_gpu,
+                                     cudagraph_max_tokens=cudagraph_max_tokens), coeffs)
         rows.append({"scenario": label, "model": model_id, "draft": d, "ours": ours.to_dict(),
                      "alpha": spec_cfg.alpha if spec_cfg else None,
                      "why": _explain(spec, gpu, coeffs, d, ours, batch, k, total_b * 1e9)})

@@ -235,22 +235,24 @@ def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int
 
 
 def decode_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, batch: int, context_tokens: float,
-                tp: int = 1, kv_cache_dtype: str | int = "auto", query_tokens: int = 1) -> StepBreakdown:
+                tp: int = 1, kv_cache_dtype: str | int = "auto", query_tokens: int = 1,
+                cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> StepBreakdown:
     """One decode step of ``batch`` sequences whose mean context is ``context_tokens``."""
     check_tp(spec, tp)
     if batch < 1:
         raise ServebookError(f"decode batch must be >= 1 sequence, got {batch}")
     work = decode_work(spec, batch, context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype,
                        query_tokens=query_tokens)
-    return step_time(spec, gpu, work, coeffs, tp=tp)
+    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens)
 
 
 def prefill_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, tokens: int, prior_tokens: int = 0,
-                 tp: int = 1, kv_cache_dtype: str | int = "auto") -> StepBreakdown:
+                 tp: int = 1, kv_cache_dtype: str | int = "auto",
+                 cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> StepBreakdown:
     """One step that prefills ``tokens`` prompt tokens of one request (after ``prior_tokens``)."""
     check_tp(spec, tp)
     work = prefill_work(spec, tokens, prior_tokens=prior_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
-    return step_time(spec, gpu, work, coeffs, tp=tp)
+    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens)
 
 
 def prefill_request_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_tokens: int,
