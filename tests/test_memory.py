@@ -22,17 +22,19 @@ from servebook.memory import (
     record_from_log,
     write_coefficients,
 )
-from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+from servebook.model_spec import AttentionLayer, MoESpec, ModelSpec, ParamCount
 from servebook.startup_log import parse_startup_log
 
 GIB = 2**30
 MIB = 2**20
 
 
-def spec(*, layers=32, hidden=4096, inter=14336, heads=32, kv=8, hd=128, vocab=128256, weight_bytes=16 * 10**9):
+def spec(*, layers=32, hidden=4096, inter=14336, heads=32, kv=8, hd=128, vocab=128256, weight_bytes=16 * 10**9,
+         moe=None, architecture="HandMade"):
     return ModelSpec(
         name="hand-made",
-        architecture="HandMade",
+        architecture=architecture,
+        moe=moe,
         hidden_size=hidden,
         num_attention_heads=heads,
         vocab_size=vocab,
@@ -46,7 +48,7 @@ def spec(*, layers=32, hidden=4096, inter=14336, heads=32, kv=8, hd=128, vocab=1
 
 # Coefficients chosen for hand arithmetic: 1 GiB constant + 2 copies of the hidden states.
 SIMPLE = MemoryCoefficients(
-    activation={"constant_bytes": 1 * GIB, "hidden": 2.0, "mlp": 0.0, "qkv": 0.0, "logits": 0.0},
+    activation={"constant_bytes": 1 * GIB, "hidden": 2.0, "mlp": 0.0, "logits": 0.0},
     non_torch_tp1_bytes=0.5 * GIB,
     non_torch_tp_gt1_bytes=1.5 * GIB,
     cudagraph_constant_bytes=0.0,
@@ -66,7 +68,7 @@ def test_budget_by_hand():
     weights = 16 * 10**9
     activation = 1 * GIB + 2 * 8192 * 4096 * 2  # 1 GiB + 2 copies of T x hidden x 2 bytes = 1.125 GiB
     non_torch = GIB // 2
-    graphs = 32 * 10 * MIB
+    graphs = 0  # a dense decoder runs on vLLM's V2 model runner, whose graph estimate is 0
     assert b.requested_bytes == requested
     assert (b.weights_bytes, b.activation_bytes, b.non_torch_bytes, b.cudagraph_bytes) == (
         weights, activation, non_torch, graphs)
@@ -82,10 +84,29 @@ def test_tp_splits_weights_and_uses_the_multi_gpu_non_torch_figure():
     assert b.non_torch_bytes == int(1.5 * GIB)
 
 
-def test_enforce_eager_has_no_cuda_graph_claim():
-    b = memory_budget(spec(), gpu_memory_bytes=80 * GIB, max_num_batched_tokens=2048, max_num_seqs=256,
-                      enforce_eager=True, coefficients=SIMPLE)
-    assert b.cudagraph_bytes == 0
+def moe_spec(architecture="Qwen3MoeForCausalLM"):
+    moe = MoESpec(num_experts=64, experts_per_token=8, expert_intermediate_size=1024, num_shared_experts=0,
+                  shared_intermediate_size=0, moe_layer_indices=tuple(range(32)), params_per_expert=0)
+    return spec(moe=moe, architecture=architecture)
+
+
+def test_a_v1_runner_moe_pays_the_graph_estimate_unless_eager():
+    kw = dict(gpu_memory_bytes=80 * GIB, max_num_batched_tokens=2048, max_num_seqs=256, coefficients=SIMPLE)
+    assert memory_budget(moe_spec(), **kw).cudagraph_bytes == 32 * 10 * MIB  # 32 layers x 10 MiB
+    assert memory_budget(moe_spec(), enforce_eager=True, **kw).cudagraph_bytes == 0
+    # DeepseekV2ForCausalLM is one of the MoE architectures vLLM 0.26.0/0.27.1 put on the V2 runner
+    assert memory_budget(moe_spec("DeepseekV2ForCausalLM"), **kw).cudagraph_bytes == 0
+    assert memory_budget(spec(), **kw).cudagraph_bytes == 0
+
+
+def test_mlp_bytes_per_token_by_hand():
+    from servebook.memory import mlp_bytes_per_token
+
+    assert mlp_bytes_per_token(spec(inter=14336)) == 3 * 14336 * 2
+    assert mlp_bytes_per_token(spec(inter=14336), tp=2) == 3 * 7168 * 2
+    # every layer MoE: top-8 x (3 x 1024 + hidden 4096) x 2 bytes; the dense intermediate_size is unused
+    assert mlp_bytes_per_token(moe_spec()) == 8 * (3 * 1024 + 4096) * 2
+    assert mlp_bytes_per_token(moe_spec(), tp=4) == 8 * (3 * 256 + 4096) * 2
 
 
 def test_weights_that_do_not_fit_name_the_smallest_tp_that_does():
@@ -160,17 +181,15 @@ def test_coefficients_round_trip_and_malformed_files_are_clear_errors(tmp_path):
 
 # ---- calibration ----------------------------------------------------------------------------
 
-TRUE = {"constant_bytes": 300 * MIB, "hidden": 3.0, "mlp": 2.5, "qkv": 1.0, "logits": 2.0}
+TRUE = {"constant_bytes": 300 * MIB, "hidden": 3.0, "mlp": 2.5, "logits": 2.0}
 
 
 def hand_peak(s: ModelSpec, t: int, seqs: int, tp: int) -> float:
     """The activation model written out independently: copies x bytes of each tensor."""
-    qkv_width = s.num_attention_heads * 128 + 2 * s.layers[0].num_kv_heads * 128
     return (
         TRUE["constant_bytes"]
         + TRUE["hidden"] * t * s.hidden_size * 2
-        + TRUE["mlp"] * t * s.intermediate_size / tp * 2
-        + TRUE["qkv"] * t * qkv_width / tp * 2
+        + TRUE["mlp"] * t * 3 * s.intermediate_size / tp * 2   # gate+up (2I) and activated (I), bf16
         + TRUE["logits"] * min(seqs, t) * s.vocab_size * 4
     )
 
@@ -217,7 +236,7 @@ def test_calibrate_is_close_under_two_percent_noise_and_predicts_within_five_per
 
 
 def test_calibrate_refuses_too_few_settings():
-    with pytest.raises(ServebookError, match="at least 5 distinct"):
+    with pytest.raises(ServebookError, match="at least 4 distinct"):
         calibrate(synthetic_records()[:2])
     with pytest.raises(ServebookError, match="at least one"):
         calibrate([])
@@ -326,14 +345,13 @@ def _write_gpu_fixture(root, name, model_id, tokens, seqs, truth):
 
 
 def hand_peak_for(s, t, seqs, truth):
-    qkv = s.num_attention_heads * s.layers[0].head_dim + 2 * s.layers[0].num_kv_heads * s.layers[0].head_dim
     return (truth["constant_bytes"] + truth["hidden"] * t * s.hidden_size * 2
-            + truth["mlp"] * t * s.intermediate_size * 2 + truth["qkv"] * t * qkv * 2
+            + truth["mlp"] * t * 3 * s.intermediate_size * 2
             + truth["logits"] * min(seqs, t) * s.vocab_size * 4)
 
 
 def test_calibrate_from_gpu_fixture_folders_reproduces_the_logged_peaks(tmp_path):
-    truth = {"constant_bytes": 200 * MIB, "hidden": 4.0, "mlp": 3.0, "qkv": 1.0, "logits": 3.0}
+    truth = {"constant_bytes": 200 * MIB, "hidden": 4.0, "mlp": 1.0, "logits": 3.0}
     cases = [("llama-3.1-8b", 2048, 256), ("llama-3.1-8b", 16384, 1024), ("qwen3-32b", 8192, 512),
              ("qwen3-32b", 4096, 128), ("llama-3.1-70b", 8192, 1024), ("mistral-7b-v0.1", 1024, 1024)]
     specs = [_write_gpu_fixture(tmp_path, f"h200-{i}", m, t, n, truth) for i, (m, t, n) in enumerate(cases)]

@@ -164,3 +164,34 @@ def test_gpu_results_document_becomes_fixture_folders(tmp_path):
     cap = capacity(load_model_spec(folders[0] / "config.json"), parsed.available_kv_cache_bytes,
                    max_model_len=2000, max_num_batched_tokens=16384, device="cuda")
     assert (cap.kv_cache_tokens, round(cap.max_concurrency, 2)) == (parsed.kv_cache_tokens, parsed.max_concurrency)
+
+
+# ---- recorded H200 logs (vLLM 0.26.0, tests/fixtures/startup_logs/h200-0.26.0-*) --------------
+
+def test_recorded_h200_moe_log_gives_the_graph_estimate_and_what_capture_took():
+    # Lines of that log: "Estimated CUDA graph memory: 0.49 GiB total", "CUDA graph pool memory:
+    # 0.63 GiB (actual), 0.49 GiB (estimated)", "... and 0.63 GiB for CUDAGraph memory."
+    log = read_startup_log(FIXTURES / "h200-0.26.0-qwen3-30b-a3b--timing" / "startup.log")
+    assert log.vllm_version == "0.26.0"
+    assert (log.weights_gib, log.peak_activation_gib, log.non_torch_gib, log.cudagraph_gib) == (56.88, 1.7, 0.24, 0.63)
+    assert (log.cudagraph_estimated_gib, log.cudagraph_actual_gib) == (0.49, 0.63)
+    assert log.model_runner is None  # a Qwen3-MoE runs on the V1 model runner
+    assert log.available_kv_cache_gib == 66.51
+
+
+def test_recorded_h200_dense_log_with_graphs_has_no_estimate_and_says_v2_runner():
+    # "Using V2 Model Runner"; graphs captured ("... and 0.59 GiB for CUDAGraph memory") but no
+    # "Estimated CUDA graph memory" line: nothing was subtracted for them before sizing the cache.
+    log = read_startup_log(FIXTURES / "h200-0.26.0-llama-3.1-8b--timing" / "startup.log")
+    assert log.model_runner == "v2"
+    assert log.cudagraph_gib == 0.59
+    assert log.cudagraph_estimated_gib is None
+    assert (log.requested_memory_gib, log.weights_gib, log.peak_activation_gib, log.non_torch_gib) == (
+        125.82, 15.0, 1.78, 0.22)
+    assert log.available_kv_cache_gib == 108.81
+
+
+def test_recorded_h200_eager_log_prints_zero_graph_memory():
+    log = read_startup_log(FIXTURES / "h200-0.26.0-gpt-oss-20b--eager16k" / "startup.log")
+    assert log.cudagraph_gib == 0.0 and log.cudagraph_estimated_gib is None
+    assert log.model_loading_gib == 13.03

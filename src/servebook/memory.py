@@ -9,29 +9,54 @@ vLLM sizes its KV cache at start-up (``Worker.determine_available_memory`` in
 and prints ``Available KV cache memory: X GiB``. The four claims:
 
 * **weights**: ``Model loading took X GiB`` (per GPU; here ``weight_bytes / tp``,
-  which ignores the few tensors TP replicates, such as norms);
+  which ignores the few tensors TP replicates, such as norms, and small
+  buffers such as rotary caches);
 * **peak activation**: the torch allocator's peak while the engine runs one
   dummy batch of ``max_num_batched_tokens`` tokens and samples
   ``min(max_num_seqs, max_num_batched_tokens)`` rows of logits
-  (``GPUModelRunner.profile_run`` and ``_dummy_sampler_run``);
+  (``profile_run`` and ``_dummy_sampler_run`` of the model runner);
 * **non-torch**: memory outside PyTorch's allocator that grew while starting
   (NCCL and custom all-reduce buffers, cuBLAS workspaces);
-* **CUDA graphs**: the estimate of ``profile_cudagraph_memory`` (0 with
-  ``--enforce-eager``).
+* **CUDA graphs**: the estimate of ``profile_cudagraph_memory``, subtracted
+  only when it is non-zero (see :func:`subtracts_cudagraph_estimate`): with
+  CUDA graphs on (no ``--enforce-eager``), ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+  at its default ``1``, *and* the V1 model runner. The V2 model runner, which
+  vLLM 0.26.0 and 0.27.1 pick by default for every non-MoE decoder and a few
+  MoE architectures (:data:`V2_RUNNER_MOE_ARCHITECTURES`), returns 0 from
+  ``profile_cudagraph_memory``; its graphs are captured *after* the KV cache
+  is sized, out of the memory the utilisation fraction leaves unrequested.
+  Recorded example (H200, 0.26.0): Llama-3.1-8B with graphs logs 108.81 GiB =
+  125.82 - 15.0 - 1.78 - 0.22 (no graph term), Qwen3-30B-A3B logs 66.51 GiB =
+  125.82 - 56.88 - 1.7 - 0.24 - 0.49 (its ``Estimated CUDA graph memory``).
 
 Weights and the budget are arithmetic. The other three are measured by the
 engine, so they are modelled here as linear functions whose coefficients are
 *fitted to recorded start-up logs* (:func:`calibrate`) and stored as data in
 ``data/memory_coefficients.json``. The peak activation model is::
 
-    peak = c0 + c_hidden x T x hidden x 2 + c_mlp x T x mlp_width / tp x 2
-              + c_qkv x T x qkv_width / tp x 2 + c_logits x S x vocab x 4
+    peak = c0 + c_hidden x T x hidden x 2 + c_mlp x T x mlp_bytes_per_token
+              + c_logits x S x vocab x 4
 
 with ``T = max_num_batched_tokens``, ``S = min(max_num_seqs, T)``, bf16
-activations (2 bytes) and float32 logits (4 bytes). Each coefficient is "how
-many live copies of that tensor the peak holds". The shipped file says whether
-its coefficients are a first-principles ``prior`` or ``fitted`` to logs (and
-which); the book must quote that status with any number it prints.
+activations and float32 logits. ``mlp_bytes_per_token`` is the widest MLP
+block's live tensors for one token: ``3 x intermediate / tp x 2`` for a dense
+MLP (gate+up output and the activated half), and for a fused-MoE layer
+``top_k x (3 x expert_intermediate / tp + hidden) x 2`` (the fused-MoE
+intermediate caches) plus the shared experts' dense term. Each coefficient is
+"how many live copies of that tensor the peak holds".
+
+**What the shipped coefficients rest on.** ``data/memory_coefficients.json``
+says whether they are the first-principles :data:`PRIOR_COEFFICIENTS` or
+``fitted``, and on which logs: the fitted file comes from
+:func:`calibrate_from_fixtures` on the H200 start-up logs recorded with vLLM
+**0.26.0** (``tests/fixtures/startup_logs/h200-0.26.0-*``). The budget formula
+and the graph rule are the same in 0.27.1 (read in its source); 0.27.1 prints
+``C GiB for consumed memory (weights + non-torch)`` and a peak that includes
+the graph estimate (:func:`record_from_log` separates both), and adds
+``KimiK3ForConditionalGeneration`` to the V2 runner's MoE list. The measured
+claims themselves (activation peaks of 0.27.1's kernels) have not been
+recorded on a GPU with 0.27.1. Every fixture ran at TP = 1, so the TP > 1
+non-torch figure is still the prior.
 """
 from __future__ import annotations
 
@@ -52,7 +77,19 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 #: Tensor-parallel sizes tried when looking for the smallest one that fits.
 TP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 #: Activation features, in the order of the fitted coefficient vector.
-ACTIVATION_FEATURES = ("constant_bytes", "hidden", "mlp", "qkv", "logits")
+ACTIVATION_FEATURES = ("constant_bytes", "hidden", "mlp", "logits")
+#: MoE architectures that vLLM 0.26.0 runs on the V2 model runner by default
+#: (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``config/vllm.py``; 0.27.1 adds
+#: ``KimiK3ForConditionalGeneration``). Every non-MoE decoder uses V2 as well.
+V2_RUNNER_MOE_ARCHITECTURES = frozenset({
+    "DeepseekV2ForCausalLM",
+    "GraniteMoeForCausalLM",
+    "InklingForCausalLM",
+    "InklingForConditionalGeneration",
+    "KimiK3ForConditionalGeneration",
+    "LongcatFlashNgramForCausalLM",
+    "Qwen2MoeForCausalLM",
+})
 
 _DATA = Path(__file__).resolve().parent / "data" / "memory_coefficients.json"
 
@@ -72,6 +109,7 @@ class MemoryCoefficients:
         fitted_on: names of the start-up logs the fit used.
         vllm_version: release of those logs.
         gpu: GPU of those logs.
+        note: free text stored with the file (what the fit rests on).
     """
 
     activation: Mapping[str, float]
@@ -83,10 +121,19 @@ class MemoryCoefficients:
     fitted_on: tuple[str, ...] = ()
     vllm_version: str | None = None
     gpu: str | None = None
+    note: str = ""
+
+    @property
+    def summary(self) -> str:
+        """One line for the book: ``fitted on 10 NVIDIA H200 logs (vLLM 0.26.0)`` or ``prior ...``."""
+        if self.status == "fitted" and self.fitted_on:
+            return f"fitted on {len(self.fitted_on)} {self.gpu} logs (vLLM {self.vllm_version})"
+        return "prior (first-principles guesses, not fitted to any log)"
 
     def to_dict(self) -> dict:
         """The JSON layout of ``data/memory_coefficients.json``."""
         return {
+            "_comment": self.note,
             "status": self.status,
             "fitted_on": list(self.fitted_on),
             "vllm_version": self.vllm_version,
@@ -117,12 +164,30 @@ class MemoryCoefficients:
                 fitted_on=tuple(data.get("fitted_on", ())),
                 vllm_version=data.get("vllm_version"),
                 gpu=data.get("gpu"),
+                note=str(data.get("_comment", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ServebookError(
                 f"memory coefficients are malformed ({exc!r}); regenerate them with "
                 "servebook.memory.calibrate()"
             ) from None
+
+
+#: First-principles guesses, used where no log constrains a coefficient (and as
+#: the starting point of :func:`calibrate`): four copies of the hidden states,
+#: one of the MLP block (:func:`mlp_bytes_per_token` already counts its three
+#: tensors), one of the float32 logits; 0.2 GiB non-torch memory on one GPU and
+#: 1 GiB with TP (NCCL and custom all-reduce buffers); 0.1 GiB + 12 MiB per
+#: layer of CUDA graphs.
+PRIOR_COEFFICIENTS = MemoryCoefficients(
+    activation={"constant_bytes": 0.0, "hidden": 4.0, "mlp": 1.0, "logits": 1.0},
+    non_torch_tp1_bytes=0.2 * GIB,
+    non_torch_tp_gt1_bytes=1.0 * GIB,
+    cudagraph_constant_bytes=0.1 * GIB,
+    cudagraph_per_layer_bytes=12 * 2**20,
+    status="prior",
+    note="First-principles guesses (servebook.memory.PRIOR_COEFFICIENTS), not fitted to any log.",
+)
 
 
 def load_coefficients(path: str | Path | None = None) -> MemoryCoefficients:
@@ -185,28 +250,26 @@ def vllm_batch_defaults(
     return tokens, seqs
 
 
-def _mlp_width(spec: ModelSpec) -> int:
-    """Widest MLP a token passes through, in elements (before TP)."""
-    width = spec.intermediate_size
-    if spec.moe is not None:
-        moe = spec.moe
-        routed = moe.experts_per_token * moe.expert_intermediate_size
-        width = max(width, routed + moe.shared_intermediate_size)
-    return width
+def mlp_bytes_per_token(spec: ModelSpec, tp: int = 1) -> float:
+    """Live bytes of the widest MLP block for one token, per GPU (bf16).
 
-
-def _qkv_width(spec: ModelSpec) -> int:
-    """Width of the fused QKV projection output, in elements (before TP)."""
-    widest = 0
-    for layer in spec.layers:
-        if layer.kind == "mla":
-            w = spec.num_attention_heads * layer.head_dim + layer.head_dim
-        else:
-            w = spec.num_attention_heads * layer.head_dim + layer.num_kv_heads * (
-                layer.head_dim + (layer.v_head_dim or layer.head_dim)
-            )
-        widest = max(widest, w)
-    return widest
+    Dense MLP: ``3 x intermediate_size / tp x 2`` (the fused gate+up output,
+    ``2 x intermediate``, and the activated half, ``intermediate``). Fused-MoE
+    layer: ``top_k x (3 x expert_intermediate / tp + hidden) x 2`` (the
+    fused-MoE intermediate caches: gate+up and activation per routed copy of
+    the token, and the per-expert outputs before they are summed) plus the
+    shared experts' dense term. A model whose every layer is MoE has no dense
+    term (its ``intermediate_size`` is not used).
+    """
+    dense = 3 * spec.intermediate_size / tp * 2
+    if spec.moe is None:
+        return dense
+    moe = spec.moe
+    if len(moe.moe_layer_indices) >= spec.num_layers:
+        dense = 0.0
+    routed = moe.experts_per_token * (3 * moe.expert_intermediate_size / tp + spec.hidden_size) * 2
+    shared = 3 * moe.shared_intermediate_size / tp * 2
+    return max(dense, routed + shared)
 
 
 def activation_features(
@@ -214,18 +277,16 @@ def activation_features(
 ) -> dict[str, float]:
     """The regressors of the peak-activation model, in bytes of one copy each.
 
-    ``hidden``: ``T x hidden_size x 2``; ``mlp``: ``T x mlp_width / tp x 2``
-    (dense ``intermediate_size``, or top-k experts plus shared experts for
-    MoE); ``qkv``: ``T x (q + k + v width) / tp x 2``; ``logits``:
-    ``min(max_num_seqs, T) x vocab x 4`` (float32, as the sampler sees them).
+    ``hidden``: ``T x hidden_size x 2``; ``mlp``: ``T x`` :func:`mlp_bytes_per_token`;
+    ``logits``: ``min(max_num_seqs, T) x vocab x 4`` (float32, as the sampler
+    sees them); ``constant_bytes``: 1.
     """
     t = max_num_batched_tokens
     s = min(max_num_seqs, t)
     return {
         "constant_bytes": 1.0,
         "hidden": float(t * spec.hidden_size * 2),
-        "mlp": float(t * _mlp_width(spec) / tp * 2),
-        "qkv": float(t * _qkv_width(spec) / tp * 2),
+        "mlp": float(t * mlp_bytes_per_token(spec, tp)),
         "logits": float(s * spec.vocab_size * 4),
     }
 
@@ -250,11 +311,39 @@ def non_torch_bytes(tp: int = 1, coefficients: MemoryCoefficients | None = None)
     return max(0, round(c.non_torch_tp1_bytes if tp == 1 else c.non_torch_tp_gt1_bytes))
 
 
+def uses_v2_model_runner(spec: ModelSpec) -> bool:
+    """Whether vLLM 0.26.0 / 0.27.1 runs this model on the V2 model runner by default.
+
+    ``VllmConfig.use_v2_model_runner`` (``config/vllm.py``): a generating
+    model uses V2 unless it is MoE and its architecture is not in
+    :data:`V2_RUNNER_MOE_ARCHITECTURES`. (``VLLM_USE_V2_MODEL_RUNNER`` forces
+    either way; features V2 lacks, such as n-gram speculation, fall back to V1.)
+    """
+    return spec.moe is None or spec.architecture in V2_RUNNER_MOE_ARCHITECTURES
+
+
+def subtracts_cudagraph_estimate(spec: ModelSpec, *, enforce_eager: bool = False) -> bool:
+    """Whether the engine subtracts a CUDA-graph estimate before sizing the KV cache.
+
+    True only with CUDA graphs on and the V1 model runner
+    (:func:`uses_v2_model_runner` is False), with
+    ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`` (the default in 0.26.0 and
+    0.27.1, ``envs.py``). The V2 runner's ``profile_cudagraph_memory``
+    returns 0.
+    """
+    return not enforce_eager and not uses_v2_model_runner(spec)
+
+
 def cudagraph_bytes(
     spec: ModelSpec, *, enforce_eager: bool = False, coefficients: MemoryCoefficients | None = None
 ) -> int:
-    """Predicted CUDA-graph memory estimate, bytes per GPU (0 with ``--enforce-eager``)."""
-    if enforce_eager:
+    """CUDA-graph estimate the engine subtracts, bytes per GPU.
+
+    0 with ``--enforce-eager`` and for models on the V2 model runner
+    (:func:`subtracts_cudagraph_estimate`); otherwise the fitted
+    ``constant + per_layer x num_layers``.
+    """
+    if not subtracts_cudagraph_estimate(spec, enforce_eager=enforce_eager):
         return 0
     c = coefficients or load_coefficients()
     return max(0, round(c.cudagraph_constant_bytes + c.cudagraph_per_layer_bytes * spec.num_layers))
@@ -447,7 +536,14 @@ class CalibrationRecord:
             activation``; 0.27.1: that figure minus the CUDA-graph estimate).
         non_torch_bytes: non-torch memory (0.26 prints it; 0.27.1: consumed
             minus weights), or None.
-        cudagraph_bytes: the CUDA-graph estimate, or None (eager runs).
+        cudagraph_bytes: the CUDA-graph estimate the engine subtracted
+            (``Estimated CUDA graph memory``), or None when it printed none
+            (eager runs, and the V2 model runner, which estimates 0).
+        enforce_eager: whether the engine ran without CUDA graphs.
+        gpu_memory_bytes / gpu_memory_utilization: the device total and the
+            fraction, to rebuild ``requested`` (None when unknown).
+        logged_available_kv_bytes: ``Available KV cache memory`` as logged.
+        logged_weights_bytes: ``Model loading took X GiB`` as logged.
     """
 
     name: str
@@ -458,6 +554,11 @@ class CalibrationRecord:
     peak_activation_bytes: float
     non_torch_bytes: float | None = None
     cudagraph_bytes: float | None = None
+    enforce_eager: bool = False
+    gpu_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    logged_available_kv_bytes: int | None = None
+    logged_weights_bytes: int | None = None
 
 
 def _nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
@@ -470,7 +571,7 @@ def _nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls(a / scale, b)
-    return list(coef / scale)
+    return [float(v) for v in coef / scale]
 
 
 def calibrate(
@@ -485,15 +586,18 @@ def calibrate(
     Activation: non-negative least squares of the peak on
     :func:`activation_features` (coefficients cannot go negative: they are
     copies of tensors). Non-torch: the mean per class (TP = 1, TP > 1).
-    CUDA graphs: non-negative least squares on ``[1, num_layers]``. A part with
-    no data keeps the ``prior`` value (default: the shipped file).
+    CUDA graphs: non-negative least squares on ``[1, num_layers]`` over the
+    records that logged an estimate; with a single layer count, a per-layer
+    figure only (``estimate / num_layers``). A part with no data keeps the
+    ``prior`` value (default :data:`PRIOR_COEFFICIENTS`, never the shipped
+    file, so that a refit does not feed on its own output).
 
     Raises:
         ServebookError: with no records, or fewer records than activation
             features with distinct settings (the fit would be underdetermined).
     """
     recs = list(records)
-    base = prior or load_coefficients()
+    base = prior or PRIOR_COEFFICIENTS
     if not recs:
         raise ServebookError("calibrate() needs at least one start-up record")
     rows = [
@@ -510,12 +614,13 @@ def calibrate(
 
     nt1 = [r.non_torch_bytes for r in recs if r.non_torch_bytes is not None and r.tp == 1]
     ntn = [r.non_torch_bytes for r in recs if r.non_torch_bytes is not None and r.tp > 1]
-    cg = [r for r in recs if r.cudagraph_bytes is not None]
+    cg = [r for r in recs if r.cudagraph_bytes is not None and r.cudagraph_bytes > 0]
     cg_const, cg_layer = base.cudagraph_constant_bytes, base.cudagraph_per_layer_bytes
     if len({r.spec.num_layers for r in cg}) >= 2:
         cg_const, cg_layer = _nnls([[1.0, float(r.spec.num_layers)] for r in cg], [r.cudagraph_bytes for r in cg])
     elif cg:
-        cg_const, cg_layer = sum(r.cudagraph_bytes for r in cg) / len(cg), 0.0
+        cg_const = 0.0
+        cg_layer = sum(r.cudagraph_bytes / r.spec.num_layers for r in cg) / len(cg)
     return MemoryCoefficients(
         activation=act,
         non_torch_tp1_bytes=sum(nt1) / len(nt1) if nt1 else base.non_torch_tp1_bytes,
@@ -526,7 +631,23 @@ def calibrate(
         fitted_on=tuple(r.name for r in recs),
         vllm_version=vllm_version,
         gpu=gpu,
+        note=_fit_note(recs, nt1, ntn, cg, vllm_version, gpu),
     )
+
+
+def _fit_note(recs, nt1, ntn, cg, vllm_version, gpu) -> str:
+    parts = [
+        f"Fitted by servebook.memory.calibrate() on {len(recs)} start-up logs"
+        + (f" recorded with vLLM {vllm_version}" if vllm_version else "")
+        + (f" on {gpu}" if gpu else "") + ".",
+        f"Non-torch: mean of {len(nt1)} TP=1 logs"
+        + (f" and {len(ntn)} TP>1 logs." if ntn else "; TP>1 keeps the prior (no TP>1 log)."),
+        f"CUDA-graph estimate: {len(cg)} log(s) with 'Estimated CUDA graph memory'"
+        + (" (one layer count: per-layer figure only)." if len({r.spec.num_layers for r in cg}) == 1 else "."
+           if cg else "; keeps the prior."),
+        "Refit: servebook.memory.calibrate_from_fixtures('tests/fixtures/startup_logs', write_to=...).",
+    ]
+    return " ".join(parts)
 
 
 def record_from_log(
@@ -537,13 +658,18 @@ def record_from_log(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     tp: int = 1,
+    enforce_eager: bool = False,
+    gpu_memory_bytes: int | None = None,
 ) -> CalibrationRecord:
     """Turn a parsed GPU start-up log (:class:`servebook.startup_log.StartupLog`) into a record.
 
-    0.26.0 logs give the four claims directly. 0.27.1 logs give "consumed
-    (weights + non-torch)" and a peak that includes the CUDA-graph estimate;
-    both are separated here using ``Model loading took`` and the
-    ``CUDA graph pool memory ... (estimated)`` line.
+    0.26.0 logs give the four claims directly (``A GiB for weight, B GiB for
+    peak activation, C GiB for non-torch memory, and D GiB for CUDAGraph
+    memory``; ``D`` is what capturing took *after* the KV cache was sized, so
+    the record keeps the ``Estimated CUDA graph memory`` figure instead, the
+    one the engine subtracted). 0.27.1 logs give "consumed (weights +
+    non-torch)" and a peak that includes the CUDA-graph estimate; both are
+    separated here using ``Model loading took`` and the estimate.
 
     Raises:
         ServebookError: when the log lacks the ``Actual usage is ...`` line
@@ -563,6 +689,7 @@ def record_from_log(
         non_torch = None
         if log.consumed_gib is not None and log.model_loading_gib is not None:
             non_torch = max(0.0, log.consumed_gib - log.model_loading_gib)
+    weights = log.weights_gib if log.weights_gib is not None else log.model_loading_gib
     return CalibrationRecord(
         name=name,
         spec=spec,
@@ -572,11 +699,21 @@ def record_from_log(
         peak_activation_bytes=max(0.0, peak) * GIB,
         non_torch_bytes=None if non_torch is None else non_torch * GIB,
         cudagraph_bytes=None if cg_est is None else cg_est * GIB,
+        enforce_eager=enforce_eager,
+        gpu_memory_bytes=gpu_memory_bytes if gpu_memory_bytes is not None else (
+            round(log.total_memory_gib * GIB) if log.total_memory_gib else None),
+        gpu_memory_utilization=log.gpu_memory_utilization,
+        logged_available_kv_bytes=log.available_kv_cache_bytes,
+        logged_weights_bytes=None if weights is None else round(weights * GIB),
     )
 
 
 def budget_from_log(log, *, tp: int = 1) -> MemoryBudget:
     """The four claims and the KV budget exactly as a GPU start-up log states them.
+
+    The CUDA-graph claim is the estimate the engine subtracted (0 when the log
+    has no ``Estimated CUDA graph memory`` line), not the ``D GiB for
+    CUDAGraph memory`` that capturing took later.
 
     Raises:
         ServebookError: when the log lacks the figures (CPU logs).
@@ -613,9 +750,9 @@ def records_from_fixtures(root: str | Path) -> list[CalibrationRecord]:
     ``device``, ``usage_context``, optionally ``gpu_total_memory_bytes``) and
     ``startup.log`` (see ``tests/fixtures/startup_logs/README.md``). CPU folders
     and logs without the ``Actual usage is ...`` sentence are skipped. Settings
-    the engine was not given explicitly take vLLM 0.27.1's defaults
-    (:func:`vllm_batch_defaults`; the engine caps ``max_num_seqs`` at
-    ``max_num_batched_tokens``).
+    the engine was not given explicitly take vLLM's defaults
+    (:func:`vllm_batch_defaults`, the same table in 0.26.0 and 0.27.1; the
+    engine caps ``max_num_seqs`` at ``max_num_batched_tokens``).
     """
     from servebook.hf_config import load_model_spec
     from servebook.startup_log import read_startup_log
@@ -645,8 +782,83 @@ def records_from_fixtures(root: str | Path) -> list[CalibrationRecord]:
         records.append(record_from_log(
             folder.name, load_model_spec(folder / "config.json"), log,
             max_num_batched_tokens=tokens, max_num_seqs=seqs, tp=kw.get("tensor_parallel_size", 1),
+            enforce_eager=bool(kw.get("enforce_eager", False)), gpu_memory_bytes=total,
         ))
     return records
+
+
+def predict_record(record: CalibrationRecord, coefficients: MemoryCoefficients) -> MemoryBudget:
+    """Predict a recorded start-up's budget from its config and settings alone.
+
+    Uses the record's GPU total, utilisation, batch settings, TP and eager flag;
+    weights come from the model's shapes (``weight_bytes``), never from the log.
+
+    Raises:
+        ServebookError: when the record lacks the GPU total or utilisation.
+    """
+    if record.gpu_memory_bytes is None or record.gpu_memory_utilization is None:
+        raise ServebookError(f"{record.name}: the record lacks the GPU total or utilisation; need a GPU start-up log")
+    return memory_budget(
+        record.spec,
+        gpu_memory_bytes=int(record.gpu_memory_bytes),
+        max_num_batched_tokens=record.max_num_batched_tokens,
+        max_num_seqs=record.max_num_seqs,
+        gpu_memory_utilization=record.gpu_memory_utilization,
+        tp=record.tp,
+        enforce_eager=record.enforce_eager,
+        coefficients=coefficients,
+    )
+
+
+@dataclass(frozen=True)
+class HeldOutError:
+    """One row of :func:`leave_one_out`: a start-up predicted by a fit that never saw it.
+
+    Attributes:
+        name: fixture name.
+        predicted: the predicted budget (weights from the config).
+        logged_available_kv_bytes: ``Available KV cache memory`` as logged.
+        logged_weights_bytes: ``Model loading took`` as logged.
+        logged_activation_bytes: the peak the log states.
+    """
+
+    name: str
+    predicted: MemoryBudget
+    logged_available_kv_bytes: int
+    logged_weights_bytes: int | None
+    logged_activation_bytes: float
+
+    @property
+    def available_error_pct(self) -> float:
+        """(predicted - logged) / logged x 100 for ``Available KV cache memory``."""
+        return 100.0 * (self.predicted.available_kv_bytes - self.logged_available_kv_bytes) / self.logged_available_kv_bytes
+
+    @property
+    def weights_error_pct(self) -> float | None:
+        """(predicted - logged) / logged x 100 for the weights, or None."""
+        if not self.logged_weights_bytes:
+            return None
+        return 100.0 * (self.predicted.weights_bytes - self.logged_weights_bytes) / self.logged_weights_bytes
+
+
+def leave_one_out(records: Sequence[CalibrationRecord]) -> list[HeldOutError]:
+    """For each record, fit on all the others and predict it (:func:`predict_record`).
+
+    The honest error of the shipped model on a start-up it was not fitted to.
+    """
+    rows = []
+    for i, held in enumerate(records):
+        if held.logged_available_kv_bytes is None:
+            continue
+        fit = calibrate([r for j, r in enumerate(records) if j != i])
+        rows.append(HeldOutError(
+            name=held.name,
+            predicted=predict_record(held, fit),
+            logged_available_kv_bytes=held.logged_available_kv_bytes,
+            logged_weights_bytes=held.logged_weights_bytes,
+            logged_activation_bytes=held.peak_activation_bytes,
+        ))
+    return rows
 
 
 def calibrate_from_fixtures(root: str | Path, *, write_to: str | Path | None = None) -> MemoryCoefficients:

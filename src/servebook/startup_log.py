@@ -27,7 +27,12 @@ the ``vllm`` package of the release named):
   memory (weights + non-torch), A GiB for peak activation, and G GiB for
   CUDAGraph memory.`` (there ``A`` already includes the CUDA-graph estimate).
 * ``CUDA graph pool memory: X GiB (actual), Y GiB (estimated), difference: ...``
-  (``v1/worker/gpu_worker.py``).
+  (``v1/worker/gpu_worker.py``) and ``Estimated CUDA graph memory: Y GiB total``
+  (``v1/worker/gpu_model_runner.py``, ``profile_cudagraph_memory``; 0.26.0 and
+  0.27.1). Only the V1 model runner prints them: the V2 runner's
+  ``profile_cudagraph_memory`` returns 0 without a line, and then nothing is
+  subtracted for CUDA graphs before the KV cache is sized.
+* ``Using V2 Model Runner`` (``v1/worker/gpu_worker.py``, 0.26.0 and 0.27.1).
 * ``GPU KV cache size: 682,625 tokens`` and ``Maximum concurrency for 2,000
   tokens per request: 341.31x`` (``v1/core/kv_cache_utils.py``,
   ``get_kv_cache_configs``; the two may also share one line).
@@ -78,6 +83,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         + _NUM + r" GiB for peak activation, and " + _NUM + r" GiB for CUDAGraph memory"
     ),
     "kv_in_use": re.compile(r"Current kv cache memory in use is " + _NUM + r" GiB"),
+    "cudagraph_estimate": re.compile(r"Estimated CUDA graph memory: " + _NUM + r" GiB total"),
+    "v2_runner": re.compile(r"Using V2 Model Runner"),
     "cudagraph_pool": re.compile(
         r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM + r" GiB \(estimated\)"
     ),
@@ -125,8 +132,14 @@ class StartupLog:
             the CUDA-graph estimate).
         non_torch_gib: 0.26 ``C GiB for non-torch memory``.
         consumed_gib: 0.27.1 ``C GiB for consumed memory (weights + non-torch)``.
-        cudagraph_gib: ``D GiB for CUDAGraph memory`` (captured, actual).
-        cudagraph_actual_gib / cudagraph_estimated_gib: ``CUDA graph pool memory`` line.
+        cudagraph_gib: ``D GiB for CUDAGraph memory`` (what capturing took,
+            printed after the KV cache was sized; 0.0 with ``--enforce-eager``).
+        cudagraph_actual_gib: ``CUDA graph pool memory: X GiB (actual)``.
+        cudagraph_estimated_gib: the estimate the engine subtracted before
+            sizing the KV cache: ``Estimated CUDA graph memory: Y GiB total``
+            (or the ``(estimated)`` figure of the pool line); None when the
+            log has neither (eager, or the V2 model runner, which estimates 0).
+        model_runner: ``"v2"`` when the log says ``Using V2 Model Runner``, else None.
         kv_in_use_gib: ``Current kv cache memory in use is K GiB``.
         kv_cache_tokens: ``GPU KV cache size: N tokens``.
         max_concurrency: ``Maximum concurrency ... X.XXx`` (2 decimals).
@@ -154,6 +167,7 @@ class StartupLog:
     cudagraph_gib: float | None = None
     cudagraph_actual_gib: float | None = None
     cudagraph_estimated_gib: float | None = None
+    model_runner: str | None = None
     kv_in_use_gib: float | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
@@ -272,6 +286,10 @@ def parse_startup_log(text: str) -> StartupLog:
     if m := group("cudagraph_pool"):
         values["cudagraph_actual_gib"] = _f(m.group(1))
         values["cudagraph_estimated_gib"] = _f(m.group(2))
+    if m := group("cudagraph_estimate"):
+        values["cudagraph_estimated_gib"] = _f(m.group(1))
+    if group("v2_runner"):
+        values["model_runner"] = "v2"
     if m := group("kv_tokens"):
         values["kv_cache_tokens"] = _i(m.group(1))
     if m := group("concurrency"):
