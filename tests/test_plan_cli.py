@@ -140,3 +140,49 @@ def test_config_path_is_accepted(capsys, tmp_path):
     d = plan_json(capsys, "--config", str(tmp_path / "config.json"), "--available-kv-gib", "30", "--max-model-len", "4096")
     assert d["kv_bytes_per_token"] == 64 * 2 * 8 * 128 * 2  # head_dim 128 from the config, not 5120/64
     assert shlex.split(d["vllm_serve_command"])[2] == str(tmp_path)
+
+
+def test_unknown_gpu_lists_the_known_names(capsys):
+    err = plan_error(capsys, "--config", "llama-3.1-8b", "--gpu", "Z9000")
+    assert "H100-SXM-80GB" in err and "H200-SXM-141GB" in err
+
+
+def test_malformed_config_names_every_missing_field(capsys, tmp_path):
+    from servebook.hf_config import load_reference_config
+
+    cfg = load_reference_config("llama-3.1-8b")
+    for key in ("num_hidden_layers", "intermediate_size", "vocab_size"):
+        del cfg[key]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    err = plan_error(capsys, "--config", str(tmp_path / "config.json"))
+    for key in ("num_hidden_layers", "intermediate_size", "vocab_size"):
+        assert repr(key) in err, key
+    assert "Traceback" not in err
+
+
+def test_not_json_config_is_a_clear_error(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{oops")
+    err = plan_error(capsys, "--config", str(tmp_path / "config.json"))
+    assert "not valid JSON" in err and "Traceback" not in err
+
+
+def test_a_shipped_reference_file_is_served_by_its_hub_repo(capsys):
+    from pathlib import Path
+
+    import servebook
+
+    path = Path(servebook.__file__).parent / "data" / "models" / "qwen3-32b.json"
+    d = plan_json(capsys, "--config", str(path), "--available-kv-gib", "30", "--max-model-len", "4096")
+    assert shlex.split(d["vllm_serve_command"])[2] == "Qwen/Qwen3-32B"
+
+
+def test_the_budget_says_what_its_coefficients_rest_on(capsys):
+    d = plan_json(capsys, "--config", "llama-3.1-8b", "--max-model-len", "8192")
+    assert d["coefficients_status"].startswith("fitted on ") and "H200" in d["coefficients_status"]
+    assert "vLLM 0.26.0" in d["coefficients_status"]
+    for key in ("kv_bytes_per_token", "num_gpu_blocks", "kv_cache_tokens", "max_concurrency", "padding_layers",
+                "weights_gib", "available_kv_gib", "recommended_max_num_seqs", "vllm_serve_command"):
+        assert key in d, key
+    assert main(["plan", "--config", "llama-3.1-70b", "--gpu", "H100", "--tp", "2", "--max-model-len", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "fitted on " in out and "prior guess: no TP>1 start-up recorded" in out

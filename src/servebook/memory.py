@@ -130,6 +130,11 @@ class MemoryCoefficients:
             return f"fitted on {len(self.fitted_on)} {self.gpu} logs (vLLM {self.vllm_version})"
         return "prior (first-principles guesses, not fitted to any log)"
 
+    @property
+    def tp_gt1_non_torch_is_prior(self) -> bool:
+        """True when the TP > 1 non-torch figure rests on no log (the fit had no TP > 1 start-up)."""
+        return self.status != "fitted" or "TP>1 keeps the prior" in self.note
+
     def to_dict(self) -> dict:
         """The JSON layout of ``data/memory_coefficients.json``."""
         return {

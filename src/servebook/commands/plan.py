@@ -51,6 +51,7 @@ from servebook.memory import (
     GIB,
     MemoryBudget,
     check_utilization,
+    load_coefficients,
     memory_budget,
     vllm_batch_defaults,
     weights_bytes_per_gpu,
@@ -104,6 +105,7 @@ class Plan:
     available_kv_bytes: int
     capacity: Capacity
     recommended_max_num_seqs: int
+    coefficients_summary: str = ""
 
     def serve_command(self) -> str:
         """A ``vllm serve`` command line with the flags this plan used (real 0.27.1 flags)."""
@@ -140,7 +142,8 @@ class Plan:
             "activation_gib": None if b is None else b.activation_gib,
             "non_torch_gib": None if b is None else b.non_torch_gib,
             "cudagraph_gib": None if b is None else b.cudagraph_gib,
-            "budget_source": "logged" if b is None else f"model ({b.coefficients_status} coefficients)",
+            "budget_source": "logged (--available-kv-gib)" if b is None else f"model, coefficients {self.coefficients_summary}",
+            "coefficients_status": self.coefficients_summary,
             "available_kv_gib": self.available_kv_bytes / GIB,
             "num_gpu_blocks": cap.num_gpu_blocks,
             "kv_cache_tokens": cap.kv_cache_tokens,
@@ -170,20 +173,78 @@ def _resolve_gpu(name: str) -> tuple[str, int]:
     return getattr(gpu, "name", name), int(gpu.memory_bytes)
 
 
-def _model_ref(config: str, spec: ModelSpec) -> str:
-    """What to put after ``vllm serve``: the Hub repo of a reference id, or the local directory."""
-    path = Path(config)
-    if path.exists():
-        return str(path.parent if path.is_file() else path)
+def _hub_repo(reference_id: str) -> str | None:
+    """The Hub repo of a shipped reference config (``data/models/SOURCES.md``), or None."""
     sources = Path(__file__).resolve().parents[1] / "data" / "models" / "SOURCES.md"
     try:
         for line in sources.read_text().splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) >= 2 and cells[0] == config and re.fullmatch(r"[\w.-]+/[\w.-]+", cells[1]):
+            if len(cells) >= 2 and cells[0] == reference_id and re.fullmatch(r"[\w.-]+/[\w.-]+", cells[1]):
                 return cells[1]
     except OSError:
         pass
-    return config
+    return None
+
+
+def _model_ref(config: str, spec: ModelSpec) -> str:
+    """What to put after ``vllm serve``.
+
+    A reference id, or a path to one of the shipped reference configs
+    (``data/models/<id>.json``): its Hub repo. A ``config.json`` or a model
+    directory: that directory (vLLM loads a directory or a Hub id, never a
+    bare JSON file). Any other JSON file: a ``MODEL_DIR`` placeholder.
+    """
+    path = Path(config)
+    if path.is_dir():
+        return str(path)
+    if path.is_file():
+        models = Path(__file__).resolve().parents[1] / "data" / "models"
+        if path.resolve().parent == models.resolve() and (repo := _hub_repo(path.stem)):
+            return repo
+        return str(path.parent) if path.name == "config.json" else "MODEL_DIR"
+    return _hub_repo(config) or config
+
+
+#: hf_config names one missing field at a time ("... lacks 'X'; add it (an integer) ...").
+_LACKS = re.compile(r"lacks '([^']+)'; add it \(an integer\)")
+
+
+def _load_spec(config: str) -> ModelSpec:
+    """Load the model; a config that lacks several fields names all of them at once.
+
+    ``servebook.hf_config`` stops at the first missing field. For a JSON file,
+    this asks it again with each reported field filled by a placeholder, to
+    collect the full list the reader must add (at most 32 rounds).
+    """
+    from servebook.errors import ConfigError
+    from servebook.hf_config import load_model_spec
+
+    try:
+        return load_model_spec(config)
+    except ConfigError as first:
+        m = _LACKS.search(str(first))
+        path = Path(config)
+        cfg_path = path / "config.json" if path.is_dir() else path
+        if m is None or not cfg_path.is_file():
+            raise
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            raise first from None
+        missing = []
+        while m is not None and len(missing) < 32 and m.group(1) not in missing:
+            missing.append(m.group(1))
+            cfg[m.group(1)] = 1
+            try:
+                load_model_spec(cfg)
+                m = None
+            except ConfigError as exc:
+                m = _LACKS.search(str(exc))
+        raise ConfigError(
+            f"{cfg_path} lacks {', '.join(repr(k) for k in missing)}; add "
+            f"{'them' if len(missing) > 1 else 'it'} (integers) — copy the model's published config.json "
+            "rather than writing one by hand"
+        ) from None
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -204,8 +265,6 @@ def make_plan(
     available_kv_gib: float | None = None,
 ) -> Plan:
     """Compute a :class:`Plan` (the CLI's work, callable from notebooks)."""
-    from servebook.hf_config import load_model_spec
-
     check_utilization(gpu_memory_utilization)
     _positive("tp", tp)
     _positive("max-model-len", max_model_len)
@@ -214,7 +273,7 @@ def make_plan(
         raise ServebookError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
     if available_kv_gib is not None and not (available_kv_gib > 0 and math.isfinite(available_kv_gib)):
         raise ServebookError(f"--available-kv-gib {available_kv_gib} is out of range; use a positive number of GiB")
-    spec = load_model_spec(config)
+    spec = _load_spec(config)
     if max_model_len is None:
         max_model_len = spec.max_position_embeddings
         if max_model_len < 1:
@@ -265,6 +324,7 @@ def make_plan(
         available_kv_bytes=available,
         capacity=cap,
         recommended_max_num_seqs=recommended_max_num_seqs(cap.max_concurrency, default_seqs),
+        coefficients_summary=load_coefficients().summary,
     )
 
 
@@ -275,11 +335,13 @@ def _table(plan: Plan) -> str:
     lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {PINNED_VLLM} rules)"]
     lines.append("")
     if b is not None:
-        lines.append(f"Memory budget per GPU ({plan.gpu_name}; coefficients: {b.coefficients_status})")
+        lines.append(f"Memory budget per GPU ({plan.gpu_name}; activation, non-torch and CUDA-graph")
+        lines.append(f"  coefficients {plan.coefficients_summary})")
         lines.append(f"  {'GPU memory x utilization':28s}{b.total_memory_gib:10.2f} GiB x {b.gpu_memory_utilization:g} = {b.requested_gib:.2f} GiB")
         lines.append(f"  {'- weights':28s}{b.weights_gib:10.2f} GiB")
         lines.append(f"  {'- peak activation':28s}{b.activation_gib:10.2f} GiB")
-        lines.append(f"  {'- non-torch':28s}{b.non_torch_gib:10.2f} GiB")
+        prior = " (prior guess: no TP>1 start-up recorded)" if plan.tp > 1 and load_coefficients().tp_gt1_non_torch_is_prior else ""
+        lines.append(f"  {'- non-torch':28s}{b.non_torch_gib:10.2f} GiB{prior}")
         lines.append(f"  {'- CUDA graphs':28s}{b.cudagraph_gib:10.2f} GiB")
         lines.append(f"  {'= available KV cache':28s}{b.available_kv_gib:10.2f} GiB")
     else:
