@@ -39,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--spec-alpha", type=float, help="per-token draft acceptance (0-1)")
     p.add_argument("--draft-config", help="draft model config.json (omit for n-gram drafting, no GPU cost)")
     p.add_argument("--price-per-gpu-hour", type=float, default=0.0)
+    p.add_argument("--cudagraph-max-tokens", type=int,
+                   help="largest step captured as a CUDA graph (default: vLLM's, at most 512 tokens)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -90,7 +92,8 @@ def run(args) -> int:
     d = Deployment(name=spec.name, spec=spec, gpu=gpu, gpus=args.gpus, tp=args.tp, batch=args.batch,
                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                    kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                   speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour)
+                   speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour,
+                   cudagraph_max_tokens=args.cudagraph_max_tokens)
     p = plan(work, d, coeffs)
     out = p.to_dict()
     out["gpu"] = gpu.name

@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (model dtype) or fp8")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory vLLM may use (for the KV capacity check)")
+    p.add_argument("--cudagraph-max-tokens", type=int, default=512,
+                   help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly (default 512)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -37,7 +39,7 @@ def run(args) -> int:
     from servebook.hf_config import load_model_spec
     from servebook.perf.fleet import check_decode_fits
     from servebook.perf.gpu import gpu_numbers
-    from servebook.perf.model import calibrated_coefficients, decode_step, prefill_request_s, prefill_step
+    from servebook.perf.model import calibrated_coefficients, decode_step, prefill_step
     from servebook.perf.work import check_tp
 
     spec = load_model_spec(args.config)
@@ -64,12 +66,10 @@ def run(args) -> int:
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           max_num_batched_tokens=max(args.tokens, 1))
         b = prefill_step(spec, gpu, coeffs, tokens=args.tokens, prior_tokens=args.prior_tokens, tp=args.tp,
-                         kv_cache_dtype=args.kv_cache_dtype)
+                         kv_cache_dtype=args.kv_cache_dtype, cudagraph_max_tokens=args.cudagraph_max_tokens)
         out.update(tokens=args.tokens, prior_tokens=args.prior_tokens)
         if args.prior_tokens == 0:
-            out["request_s"] = prefill_request_s(spec, gpu, coeffs, prompt_tokens=args.tokens,
-                                                 max_num_batched_tokens=args.tokens, tp=args.tp,
-                                                 kv_cache_dtype=args.kv_cache_dtype)
+            out["request_s"] = b.step_s + coeffs.request_overhead_s
             out["tokens_per_s"] = args.tokens / b.step_s
     else:
         if args.batch is None or args.context is None:
@@ -85,7 +85,7 @@ def run(args) -> int:
                                   kv_cache_dtype=args.kv_cache_dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization)
         b = decode_step(spec, gpu, coeffs, batch=args.batch, context_tokens=args.context, tp=args.tp,
-                        kv_cache_dtype=args.kv_cache_dtype)
+                        kv_cache_dtype=args.kv_cache_dtype, cudagraph_max_tokens=args.cudagraph_max_tokens)
         out.update(batch=args.batch, context=args.context, kv_batch_limit=limit,
                    tokens_per_s=args.batch / b.step_s)
     out["step_s"] = b.step_s
