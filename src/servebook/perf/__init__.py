@@ -15,6 +15,7 @@ from servebook.perf.model import (
     Coefficients,
     StepBreakdown,
     calibrated_coefficients,
+    cudagraph_max_tokens,
     decode_step,
     load_calibration,
     prefill_request_s,
@@ -24,7 +25,7 @@ from servebook.perf.model import (
 from servebook.perf.work import Work, check_tp, decode_work, expected_distinct_experts, prefill_work
 
 __all__ = [
-    "Coefficients", "GPUNumbers", "StepBreakdown", "Work", "calibrated_coefficients", "check_tp",
+    "Coefficients", "GPUNumbers", "StepBreakdown", "Work", "calibrated_coefficients", "check_tp", "cudagraph_max_tokens",
     "decode_step", "decode_work", "expected_distinct_experts", "gpu_numbers", "load_calibration",
     "prefill_request_s", "prefill_step", "prefill_work", "step_time",
 ]
