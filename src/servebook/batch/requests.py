@@ -1,0 +1,171 @@
+"""Batch input: one request per JSONL line, checked with line numbers before any engine starts.
+
+A line is a JSON object::
+
+    {"id": "q-17", "prompt": "text ...", "max_tokens": 64, "sampling": {"temperature": 0}}
+    {"id": 18, "prompt_token_ids": [1, 15, 27], "max_tokens": 32}
+
+``id`` (string or integer, unique in the file) keys the result; exactly one of ``prompt``
+(text) or ``prompt_token_ids`` (a list of token ids); ``max_tokens`` (a positive integer,
+or the driver's default); ``sampling`` (optional object of vLLM ``SamplingParams`` fields
+from :data:`SAMPLING_KEYS`). Nothing is dropped silently: every line that cannot run is
+returned as an :class:`InputProblem` carrying its line number, and the driver refuses to
+start while there are problems unless told to skip them (then it writes them to a
+rejected-requests file).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from servebook.errors import ServebookError
+
+#: SamplingParams fields a request may set (vLLM 0.27.1 ``vllm/sampling_params.py``).
+SAMPLING_KEYS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+})
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One valid request. ``line`` is its 1-based line number in the input file."""
+
+    id: str
+    line: int
+    max_tokens: int
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    sampling: dict = field(default_factory=dict)
+
+    def engine_prompt(self) -> dict:
+        """The prompt as vLLM's ``LLM.generate`` takes it (a TextPrompt or TokensPrompt dict)."""
+        if self.prompt_token_ids is not None:
+            return {"prompt_token_ids": list(self.prompt_token_ids)}
+        return {"prompt": self.prompt}
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """A line that will not run, and why (the message says what to change)."""
+
+    line: int
+    id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f" (id {self.id!r})" if self.id is not None else "")
+        return f"{where}: {self.message}"
+
+    def to_json(self) -> dict:
+        return {"line": self.line, "id": self.id, "problem": self.message}
+
+
+def _request_from_obj(obj, line: int, default_max_tokens: int | None) -> BatchRequest | InputProblem:
+    if not isinstance(obj, dict):
+        return InputProblem(line, None, f"expected a JSON object, got {type(obj).__name__}")
+    raw_id = obj.get("id")
+    if raw_id is None or isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
+        return InputProblem(line, None, 'missing "id": give every request a unique string or integer id')
+    rid = str(raw_id)
+    has_text, has_ids = "prompt" in obj, "prompt_token_ids" in obj
+    if has_text == has_ids:
+        return InputProblem(line, rid, 'give exactly one of "prompt" (text) or "prompt_token_ids" (list of ints)')
+    prompt, token_ids = None, None
+    if has_text:
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            return InputProblem(line, rid, '"prompt" must be a non-empty string')
+    else:
+        ids = obj["prompt_token_ids"]
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+            return InputProblem(line, rid, '"prompt_token_ids" must be a non-empty list of non-negative integers')
+        token_ids = tuple(ids)
+    max_tokens = obj.get("max_tokens", default_max_tokens)
+    if max_tokens is None:
+        return InputProblem(line, rid, 'missing "max_tokens": set it per line or pass a default (--max-tokens)')
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        return InputProblem(line, rid, f'"max_tokens" must be a positive integer, got {max_tokens!r}')
+    sampling = obj.get("sampling", {})
+    if not isinstance(sampling, dict):
+        return InputProblem(line, rid, '"sampling" must be a JSON object of SamplingParams fields')
+    unknown = sorted(set(sampling) - SAMPLING_KEYS)
+    if unknown:
+        return InputProblem(line, rid, f'unknown "sampling" keys {unknown}; allowed: {sorted(SAMPLING_KEYS)}')
+    return BatchRequest(id=rid, line=line, max_tokens=max_tokens, prompt=prompt,
+                        prompt_token_ids=token_ids, sampling=dict(sampling))
+
+
+def parse_request_lines(lines: Iterable[str], *, default_max_tokens: int | None = None
+                        ) -> tuple[list[BatchRequest], list[InputProblem]]:
+    """Parse JSONL lines into valid requests and problems (blank lines are skipped).
+
+    A duplicate id is a problem on every later line that repeats it (naming the first
+    line); the first occurrence stays valid, so ``--skip-invalid`` runs it once.
+    """
+    requests: list[BatchRequest] = []
+    problems: list[InputProblem] = []
+    first_line_of: dict[str, int] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            problems.append(InputProblem(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+            continue
+        item = _request_from_obj(obj, number, default_max_tokens)
+        if isinstance(item, InputProblem):
+            problems.append(item)
+            continue
+        if item.id in first_line_of:
+            problems.append(InputProblem(number, item.id,
+                                         f"duplicate id, first used on line {first_line_of[item.id]}; ids must be unique"))
+            continue
+        first_line_of[item.id] = number
+        requests.append(item)
+    return requests, problems
+
+
+def read_requests(path: str | Path, *, default_max_tokens: int | None = None
+                  ) -> tuple[list[BatchRequest], list[InputProblem]]:
+    """Read a JSONL request file (see :func:`parse_request_lines`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ServebookError(f"request file {path} does not exist; pass a JSONL file with one request per line")
+    with open(path, encoding="utf-8") as handle:
+        return parse_request_lines(handle, default_max_tokens=default_max_tokens)
+
+
+def check_prompt_lengths(requests: Sequence[BatchRequest], prompt_tokens: Callable[[BatchRequest], int],
+                         max_model_len: int) -> tuple[list[BatchRequest], list[InputProblem]]:
+    """Split requests into those whose prompt fits ``max_model_len`` (tokens) and problems.
+
+    vLLM 0.27.1 rejects a decoder prompt of ``max_model_len`` tokens or more
+    (``vllm/v1/engine/input_processor.py``, ``_validate_prompt_len``: at least one output
+    token must fit), and one rejected prompt fails the whole ``LLM.generate`` call, so the
+    check runs before the engine sees any request.
+    """
+    fits: list[BatchRequest] = []
+    problems: list[InputProblem] = []
+    for req in requests:
+        n = prompt_tokens(req)
+        if n >= max_model_len:
+            problems.append(InputProblem(req.line, req.id,
+                                         f"prompt is {n} tokens, the engine's max_model_len is {max_model_len} "
+                                         f"(a prompt may hold at most {max_model_len - 1}); shorten the prompt "
+                                         "or raise --max-model-len"))
+        else:
+            fits.append(req)
+    return fits, problems
+
+
+def format_problems(problems: Sequence[InputProblem], limit: int = 20) -> str:
+    """Problems one per line (the first ``limit``), for an error message."""
+    shown = [str(p) for p in problems[:limit]]
+    if len(problems) > limit:
+        shown.append(f"... and {len(problems) - limit} more")
+    return "\n".join(shown)
