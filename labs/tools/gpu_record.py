@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="MODEL:PROFILE,... (profiles: %s)" % ",".join(STARTUP_ARGS))
     ap.add_argument("--model", default="")
     ap.add_argument("--token-cap", type=int, default=262144)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the timing engine")
     ap.add_argument("--contexts", default="512,2048,8192,16384")
     ap.add_argument("--batches", default="1,4,16,32,64,128,256")
     ap.add_argument("--prefill-tokens", default="512,1024,2048,4096,8192,16384")
@@ -193,8 +194,9 @@ def main() -> None:
                   "prefill_tokens": [int(x) for x in args.prefill_tokens.split(",")], "prefill_repeats": 3}
         engine_args = dict(max_model_len=max(timing["contexts"] + timing["prefill_tokens"]) + 64,
                            gpu_memory_utilization=0.90, max_num_seqs=max(timing["batches"]),
-                           max_num_batched_tokens=16384)
-        cases = [make_case(f"{args.model}--timing", args.model, engine_args, timing)]
+                           max_num_batched_tokens=16384, tensor_parallel_size=args.tp)
+        suffix = "" if args.tp == 1 else f"-tp{args.tp}"
+        cases = [make_case(f"{args.model}--timing{suffix}", args.model, engine_args, timing)]
     out = Path(args.out)
     for case in cases:
         if time.time() - t_start > args.budget_s:
