@@ -65,14 +65,34 @@ MAX_NUM_SEQS_FRACTION = 0.85
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
+def _known_gpus() -> str:
+    try:
+        from servebook.hardware import gpu_names
+
+        return ", ".join(gpu_names())
+    except Exception:  # pragma: no cover - help text only
+        return "see servebook/data/gpus.toml"
+
+
+def _description() -> str:
+    try:
+        status = load_coefficients().summary
+    except ServebookError:  # pragma: no cover - a broken data file is reported when planning
+        status = "unreadable"
+    return (
+        "Memory budget, KV cache capacity and recommended vLLM flags for one deployment "
+        f"(vLLM {PINNED_VLLM} rules; activation, non-torch and CUDA-graph coefficients {status})."
+    )
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
         help="memory budget, KV cache capacity and recommended vLLM flags for one deployment",
-        description=__doc__.split("\n\n")[0],
+        description=_description(),
     )
     p.add_argument("--config", required=True, help="config.json path, model directory, or reference id (e.g. llama-3.1-8b)")
-    p.add_argument("--gpu", default=None, help=f"GPU name from the catalogue (default {DEFAULT_GPU})")
+    p.add_argument("--gpu", default=None, help=f"GPU name from the catalogue: {_known_gpus()} (default {DEFAULT_GPU})")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length in tokens (default: the model's max_position_embeddings)")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
