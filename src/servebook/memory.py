@@ -650,6 +650,8 @@ def _fit_note(recs, nt1, ntn, cg, vllm_version, gpu) -> str:
         f"CUDA-graph estimate: {len(cg)} log(s) with 'Estimated CUDA graph memory'"
         + (" (one layer count: per-layer figure only)." if len({r.spec.num_layers for r in cg}) == 1 else "."
            if cg else "; keeps the prior."),
+        "vLLM 0.27.1 sizes the KV cache with the same formula and CUDA-graph rule (see the "
+        "servebook.memory docstring); its own activation peaks have not been recorded on a GPU.",
         "Refit: servebook.memory.calibrate_from_fixtures('tests/fixtures/startup_logs', write_to=...).",
     ]
     return " ".join(parts)
