@@ -185,4 +185,8 @@ def test_the_budget_says_what_its_coefficients_rest_on(capsys):
         assert key in d, key
     assert main(["plan", "--config", "llama-3.1-70b", "--gpu", "H100", "--tp", "2", "--max-model-len", "8192"]) == 0
     out = capsys.readouterr().out
-    assert "fitted on " in out and "prior guess: no TP>1 start-up recorded" in out
+    from servebook.memory import load_coefficients
+
+    assert "fitted on " in out
+    # The TP>1 non-torch figure is flagged as a guess exactly when no TP>1 start-up was fitted.
+    assert ("prior guess: no TP>1 start-up recorded" in out) == load_coefficients().tp_gt1_non_torch_is_prior
