@@ -159,3 +159,64 @@ def test_printed_serve_commands_use_only_claimed_flags(path):
     for argv in serve_commands(path.read_text()):
         used = [w.split("=", 1)[0] for w in argv if w.startswith("--")]
         assert set(used) <= flags, (path.name, sorted(set(used) - flags))
+
+
+# ---- chapter pages: every glued number the prose quotes is computed by the page ---------------
+
+GLUE_ROLE_RE = re.compile(r"\{glue(?::text|:md|:any)?\}`([^`:<]+)")
+PAGES = sorted((ROOT / "book").glob("06-*.md"))
+
+
+def glued_names_of(path: Path) -> tuple[set[str], set[str]]:
+    """(names the prose quotes, names the page's code glues), running the page's code in-process."""
+    import contextlib
+    import os
+    import sys
+    import types
+
+    import jupytext
+
+    notebook = jupytext.read(path)
+    prose = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    quoted = {m.strip() for m in GLUE_ROLE_RE.findall(prose)}
+    glued: set[str] = set()
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display=True: glued.add(name)
+    saved = sys.modules.get("myst_nb")
+    sys.modules["myst_nb"] = fake
+    cwd = os.getcwd()
+    try:
+        os.chdir(path.parent)
+        namespace: dict = {"__name__": "__page__"}
+        with contextlib.redirect_stdout(None):
+            for cell in notebook.cells:
+                if cell.cell_type == "code":
+                    exec(compile(cell.source, f"{path.name}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+        if saved is not None:
+            sys.modules["myst_nb"] = saved
+        else:
+            del sys.modules["myst_nb"]
+    return quoted, glued
+
+
+def test_there_are_chapter_pages():
+    assert PAGES, "book/ holds no 06-*.md page"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[p.stem for p in PAGES])
+def test_page_computes_every_number_it_quotes(path):
+    quoted, glued = glued_names_of(path)
+    assert quoted, f"{path.name} quotes no glued value"
+    assert quoted <= glued, f"{path.name} quotes names its code never glues: {sorted(quoted - glued)}"
+
+
+def test_glue_check_catches_a_typo(tmp_path):
+    page = tmp_path / "06-99-x.md"
+    page.write_text("---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+                    "    format_version: 0.13\nkernelspec:\n  display_name: Python 3\n  language: python\n"
+                    "  name: python3\n---\n\n# x\n\n```{code-cell} ipython3\nfrom myst_nb import glue\n"
+                    "glue('a', 1.0, display=False)\n```\n\n{glue:text}`a:.1f` and {glue:text}`b:.1f`.\n")
+    quoted, glued = glued_names_of(page)
+    assert quoted == {"a", "b"} and glued == {"a"}
