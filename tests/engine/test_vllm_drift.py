@@ -145,6 +145,10 @@ source_literal = "def get_batch_defaults("
 [[metric]]
 name = "vllm:num_preempted_requests"
 source_file = "v1/metrics/loggers.py"
+[[metric]]
+name = "vllm:kv_cache_usage_perc"
+kind = "counter"
+source_file = "v1/metrics/loggers.py"
 [[log]]
 name = "renamed"
 format = "KV cache size on GPU: %s tokens"
@@ -158,7 +162,8 @@ source_file = "v1/core/kv_cache_utils.py"
 """
     got = run_checker(tmp_path, planted, [["m", "--max-num-seqs", "many"], ["m", "--max-num-seqs", "8"]])
     results = got["results"]
-    assert len(results) == 10
+    assert len(results) == 11
+    assert "gauge" in results["metric:vllm:kv_cache_usage_perc"]
     assert all(v is not None for v in results.values()), {k: v for k, v in results.items() if v is None}
     assert "0.92" in results["flag:--gpu-memory-utilization"]
     assert "16384" in results["runtime_default:batch defaults"] and "8192" in results["runtime_default:batch defaults"]

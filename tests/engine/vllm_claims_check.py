@@ -141,8 +141,16 @@ def check_metric(entry: dict) -> str | None:
         text = _source(entry["source_file"])
     except FileNotFoundError as exc:
         return str(exc)
-    if f'"{entry["name"]}"' not in text:
+    at = text.find(f'"{entry["name"]}"')
+    if at < 0:
         return f"{entry['name']} is not registered in vllm/{entry['source_file']}"
+    if "kind" in entry:
+        # The metric class is constructed just before its name (self._counter_cls(name=...),
+        # or a list of (name, doc) pairs under a counter factory): take the nearest kind word.
+        before = text[max(0, at - 400):at].lower()
+        kind = max((before.rfind(k), k) for k in ("counter", "gauge", "histogram"))
+        if kind[0] < 0 or kind[1] != entry["kind"]:
+            return f"{entry['name']} is registered as a {kind[1] if kind[0] >= 0 else 'unknown kind'}, the book says {entry['kind']}"
     return None
 
 
