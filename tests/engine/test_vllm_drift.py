@@ -34,7 +34,7 @@ def _scanner():
 
 
 CLAIMS = tomllib.loads(CLAIMS_PATH.read_text())
-KINDS = ("flag", "default", "runtime_default", "metric", "log")
+KINDS = ("flag", "default", "runtime_default", "metric", "log", "parse")
 
 
 def _ids() -> list[str]:
@@ -154,6 +154,10 @@ name = "renamed"
 format = "KV cache size on GPU: %s tokens"
 example = "KV cache size on GPU: 10 tokens"
 source_file = "v1/core/kv_cache_utils.py"
+[[parse]]
+argv = ["m", "--max-model-len", "16k"]
+dest = "max_model_len"
+value = 16384
 [[log]]
 name = "bad example"
 format = "GPU KV cache size: %s tokens"
@@ -162,7 +166,8 @@ source_file = "v1/core/kv_cache_utils.py"
 """
     got = run_checker(tmp_path, planted, [["m", "--max-num-seqs", "many"], ["m", "--max-num-seqs", "8"]])
     results = got["results"]
-    assert len(results) == 11
+    assert len(results) == 12
+    assert "16000" in results["parse:--max-model-len 16k"]
     assert "gauge" in results["metric:vllm:kv_cache_usage_perc"]
     assert all(v is not None for v in results.values()), {k: v for k, v in results.items() if v is None}
     assert "0.92" in results["flag:--gpu-memory-utilization"]

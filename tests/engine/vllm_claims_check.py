@@ -32,6 +32,8 @@ def claim_id(kind: str, entry: dict) -> str:
     key = entry.get("flag") or entry.get("name") or entry.get("field") or entry.get("id")
     if kind == "default":
         key = f"{entry['config']}.{entry['field']}"
+    if kind == "parse":
+        key = " ".join(entry["argv"][1:])
     return f"{kind}:{key}"
 
 
@@ -185,12 +187,27 @@ def check_argv(parser, argv: list[str]) -> str | None:
     return None
 
 
+def check_parse(parser, entry: dict) -> str | None:
+    """A value form the book shows (e.g. `--max-model-len 15k`) parses to the value it says."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(entry["argv"])
+    except SystemExit:
+        return f"vllm serve {' '.join(entry['argv'])} does not parse: {err.getvalue().strip()[-300:]}"
+    got = getattr(args, entry["dest"])
+    if got != entry["value"]:
+        return f"vllm serve {' '.join(entry['argv'])} gives {entry['dest']}={got!r}, the book says {entry['value']!r}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     claims = tomllib.loads(Path(argv[1]).read_text())
     parser = serve_parser()
     results: dict[str, str | None] = {}
     checks = {"flag": lambda e: check_flag(parser, e), "default": check_default,
-              "runtime_default": check_runtime_default, "metric": check_metric, "log": check_log}
+              "runtime_default": check_runtime_default, "metric": check_metric, "log": check_log,
+              "parse": lambda e: check_parse(parser, e)}
     for kind, check in checks.items():
         for entry in claims.get(kind, []):
             try:
