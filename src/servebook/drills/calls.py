@@ -76,6 +76,11 @@ def kv_gib_per_sequence(model: str, context: int, kv_cache_dtype: str = "auto", 
     return min_kv_bytes_for_one_request(layout, context, 2 * max_num_batched_tokens) / GIB
 
 
+def naive_kv_gib_per_sequence(model: str, context: int, kv_cache_dtype: str = "auto") -> float:
+    """Textbook KV for one request: naive bytes per token x context, GiB (no windows, no padding)."""
+    return naive_kv_kib_per_token(model, kv_cache_dtype) * 1024 * context / GIB
+
+
 def _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization):
     from servebook.commands.plan import make_plan
 
@@ -106,6 +111,13 @@ def kv_budget_change_gib(model: str, gpu: str, max_model_len: int, utilization_f
     """GiB of KV cache per GPU gained by raising ``--gpu-memory-utilization`` (can be negative)."""
     return (available_kv_gib(model, gpu, max_model_len, tp, utilization_to)
             - available_kv_gib(model, gpu, max_model_len, tp, utilization_from))
+
+
+def default_reserve_gib(gpu: str) -> float:
+    """GiB of a GPU outside vLLM 0.27.1's default ``gpu_memory_utilization`` budget."""
+    from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+
+    return _gpu(gpu).memory_bytes * (1 - DEFAULT_GPU_MEMORY_UTILIZATION) / GIB
 
 
 def default_max_num_seqs(gpu: str, usage_context: str = "OPENAI_API_SERVER") -> float:
@@ -145,6 +157,13 @@ def static_batch_useful_pct(output_tokens: list[int]) -> float:
     if not output_tokens or min(output_tokens) < 1:
         raise ServebookError("give at least one positive output length")
     return 100.0 * sum(output_tokens) / (len(output_tokens) * max(output_tokens))
+
+
+def requests_that_fit(num_blocks: int, block_size: int, tokens_per_request: int) -> float:
+    """Requests whose every block is resident at once: blocks // blocks per request (requests)."""
+    if min(num_blocks, block_size, tokens_per_request) < 1:
+        raise ServebookError("blocks, block size and tokens per request must be >= 1")
+    return num_blocks // -(-tokens_per_request // block_size)
 
 
 def prefix_cached_tokens(shared_prefix_tokens: int, block_size: int = 16) -> float:
@@ -226,7 +245,7 @@ def kth_draft_acceptance_pct(k: int, alpha: float) -> float:
 
 
 def break_even_acceptance(model: str, gpu: str, k: int, batch: int, context: int,
-                          drafter_model: str | None = None) -> float:
+                          drafter_model: str | None = None, tp: int = 1) -> float:
     """Per-token acceptance below which ``k`` drafts slow decoding down (probability).
 
     ``drafter_model`` None: n-gram drafting (no GPU cost); else a draft model by reference id.
@@ -234,10 +253,15 @@ def break_even_acceptance(model: str, gpu: str, k: int, batch: int, context: int
     from servebook.perf.speculative import Drafter, break_even_acceptance as _be
 
     drafter = Drafter() if drafter_model is None else Drafter("draft_model", spec=_spec(drafter_model))
-    a = _be(_spec(model), gpu, _coeffs(gpu), k=k, batch=batch, context_tokens=context, drafter=drafter)
+    a = _be(_spec(model), gpu, _coeffs(gpu), k=k, batch=batch, context_tokens=context, drafter=drafter, tp=tp)
     if a is None:
         raise ServebookError(f"no acceptance makes k={k} pay off at batch {batch}")
     return a
+
+
+def decode_speed_ratio(model_a: str, model_b: str, gpu: str, batch: int, context: int) -> float:
+    """Decode step of ``model_b`` divided by that of ``model_a`` at the same batch and context (ratio)."""
+    return decode_step_ms(model_b, gpu, batch, context) / decode_step_ms(model_a, gpu, batch, context)
 
 
 def active_params_b(model: str) -> float:
@@ -429,6 +453,11 @@ def bench_value(capture: str, key: str) -> float:
     if key not in data:
         raise ServebookError(f"{capture}/bench_result.json has no {key!r}")
     return float(data[key])
+
+
+def bench_ratio(capture: str, numerator: str, denominator: str) -> float:
+    """Ratio of two figures of a recorded bench result (e.g. p99 over median ITL)."""
+    return bench_value(capture, numerator) / bench_value(capture, denominator)
 
 
 def bench_output_tokens_per_request(capture: str) -> float:
