@@ -121,3 +121,38 @@ def test_run_without_vllm_says_which_python_to_use(tmp_path, capsys):
     path.write_text(json.dumps({"id": "a", "prompt": "x", "max_tokens": 1}) + "\n")
     assert main(["batch", "run", str(path), "-o", str(tmp_path / "o.jsonl"), "--model", "m"]) == 2
     assert ".venv-vllm/bin/python -m servebook batch run" in capsys.readouterr().err
+
+
+def test_jsonl_requests_reads_on_demand_what_parse_reads_at_once(tmp_path):
+    from servebook.batch.requests import JsonlRequests
+
+    rows = lines({"id": "a", "prompt": "héllo wörld", "max_tokens": 2},   # non-ASCII: byte offsets, not chars
+                 "", {"prompt": "x"}, {"id": "b", "prompt_token_ids": [1, 2], "max_tokens": 1},
+                 {"id": "a", "prompt": "dup", "max_tokens": 1}, {"id": "c", "prompt": "z"})
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    eager, eager_problems = parse_request_lines(rows, default_max_tokens=3)
+    lazy = JsonlRequests(path, default_max_tokens=3)
+    assert len(lazy) == len(eager) == 3
+    assert [lazy[i] for i in range(3)] == eager
+    assert lazy.ids == ["a", "b", "c"]
+    assert [(p.line, p.id) for p in lazy.problems] == [(p.line, p.id) for p in eager_problems] == [(3, None), (5, "a")]
+
+
+def test_key_grouping_matches_lexicographic_grouping():
+    # Two independent ways to find groups: sort-and-compare neighbours vs. equal digests of the head.
+    import random
+
+    from servebook.batch.ordering import prefix_key
+
+    rng = random.Random(5)
+    heads = [[rng.randrange(3) for _ in range(6)] for _ in range(5)]
+    toks = [rng.choice(heads)[: rng.randint(3, 6)] + [rng.randrange(3) for _ in range(rng.randint(0, 4))]
+            for _ in range(200)]
+    ids = [f"r{i}" for i in range(200)]
+    by_sort = sorted(sorted(g) for g in prefix_groups(toks, ids, min_shared_tokens=4))
+    by_key: dict = {}
+    for i, t in enumerate(toks):
+        k = prefix_key(t, 4)
+        by_key.setdefault(k if k is not None else ("solo", i), []).append(i)
+    assert by_sort == sorted(sorted(g) for g in by_key.values())

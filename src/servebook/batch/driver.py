@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from servebook.batch.ordering import chunks, submission_order
+from servebook.batch.ordering import chunks, order_by_keys, prefix_key
 from servebook.batch.requests import (BatchRequest, InputProblem, check_prompt_lengths,
                                       format_problems)
 from servebook.batch.store import ResultStore
@@ -135,9 +135,13 @@ class _Progress:
 def plan_chunks(requests: Sequence[BatchRequest], token_ids: Sequence[Sequence[int]], chunk_size: int,
                 order: OrderOptions = OrderOptions()) -> list[list[int]]:
     """Indices of ``requests`` in submission order, cut into chunks of ``chunk_size``."""
-    idx = submission_order(token_ids, [r.id for r in requests], group_by_prefix=order.group_by_prefix,
-                           sort_by_length=order.sort_by_length, min_shared_tokens=order.min_shared_tokens,
-                           shuffle_seed=order.shuffle_seed)
+    keys = [prefix_key(t, order.min_shared_tokens) for t in token_ids]
+    return _plan([len(t) for t in token_ids], keys, [r.id for r in requests], chunk_size, order)
+
+
+def _plan(lengths, keys, ids, chunk_size: int, order: OrderOptions) -> list[list[int]]:
+    idx = order_by_keys(lengths, keys, ids, group_by_prefix=order.group_by_prefix,
+                        sort_by_length=order.sort_by_length, shuffle_seed=order.shuffle_seed)
     return chunks(idx, chunk_size)
 
 
@@ -147,45 +151,58 @@ def run_batch(requests: Sequence[BatchRequest], problems: Sequence[InputProblem]
               on_chunk: Callable[[int, int], None] | None = None) -> BatchSummary:
     """Run every valid request once, appending results durably to ``output`` (JSONL).
 
-    ``chunk_size`` requests go to the engine per call (the unit of durability: a crash
-    loses at most one chunk's work). ``on_chunk(chunk_index, records_written)`` is called
-    after each chunk is on disk. Raises ServebookError listing the problems (with line
-    numbers) when there are any and ``skip_invalid`` is False.
+    ``requests`` may be a list or a :class:`servebook.batch.requests.JsonlRequests` (read on
+    demand): the plan keeps only each prompt's length and prefix key, and a chunk's prompts
+    are read and tokenized again when the chunk runs, so memory does not grow with the
+    prompts. ``chunk_size`` requests go to the engine per call (the unit of durability: a
+    crash loses at most one chunk's work). ``on_chunk(chunk_index, records_written)`` is
+    called after each chunk is on disk. Raises ServebookError listing the problems (with
+    line numbers) when there are any and ``skip_invalid`` is False.
     """
     started = time.monotonic()
     output = Path(output)
-    token_ids = [engine.prompt_token_ids(r) for r in requests]
-    length_of = {r.id: len(t) for r, t in zip(requests, token_ids)}
-    fits, too_long = check_prompt_lengths(requests, lambda r: length_of[r.id], engine.max_model_len)
+    positions: list[int] = []          # index into `requests` of each request that can run
+    lengths: list[int] = []
+    keys: list[bytes | None] = []
+    ids: list[str] = []
+    too_long: list[InputProblem] = []
+    for pos in range(len(requests)):
+        req = requests[pos]
+        tokens = engine.prompt_token_ids(req)
+        _, problem = check_prompt_lengths([req], lambda r: len(tokens), engine.max_model_len)
+        if problem:
+            too_long.extend(problem)
+            continue
+        positions.append(pos)
+        lengths.append(len(tokens))
+        keys.append(prefix_key(tokens, order.min_shared_tokens))
+        ids.append(req.id)
     all_problems = sorted([*problems, *too_long], key=lambda p: p.line)
     if all_problems and not skip_invalid:
         raise ServebookError(f"{len(all_problems)} input lines cannot run; fix them or pass --skip-invalid "
                              f"(they then go to {rejected_path(output).name}):\n" + format_problems(all_problems))
     if skip_invalid:
         _write_rejected(output, all_problems)
-    fit_ids = {r.id for r in fits}
-    keep = [i for i, r in enumerate(requests) if r.id in fit_ids]
-    requests = [requests[i] for i in keep]
-    token_ids = [token_ids[i] for i in keep]
-    plan = plan_chunks(requests, token_ids, chunk_size, order)
+    plan = _plan(lengths, keys, ids, chunk_size, order)
 
     with ResultStore(output) as store:
         done = set(store.done)
-        input_ids = {r.id for r in requests}
+        input_ids = set(ids)
         already = len(done & input_ids)
-        bar = _Progress(len(requests), already, progress)
+        bar = _Progress(len(ids), already, progress)
         ran = chunks_run = out_tokens = 0
         try:
             for number, chunk in enumerate(plan):
-                todo = [i for i in chunk if requests[i].id not in done]
+                todo = [j for j in chunk if ids[j] not in done]
                 if not todo:
                     continue
-                records = engine.generate([requests[i] for i in todo], [token_ids[i] for i in todo])
-                if [str(r["id"]) for r in records] != [requests[i].id for i in todo]:
+                batch = [requests[positions[j]] for j in todo]
+                records = engine.generate(batch, [engine.prompt_token_ids(r) for r in batch])
+                if [str(r["id"]) for r in records] != [ids[j] for j in todo]:
                     raise ServebookError("the engine returned results for other requests than it was given; "
                                          "check the Engine implementation")
                 store.append(records)
-                done.update(requests[i].id for i in todo)
+                done.update(ids[j] for j in todo)
                 tokens = sum(len(r.get("token_ids", ())) for r in records)
                 ran, chunks_run, out_tokens = ran + len(todo), chunks_run + 1, out_tokens + tokens
                 bar.update(len(todo), tokens)
@@ -195,6 +212,6 @@ def run_batch(requests: Sequence[BatchRequest], problems: Sequence[InputProblem]
             bar.close()
         repaired = store.repair.removed_bytes if store.repair else 0
         unknown = len(set(store.done) - input_ids)
-    return BatchSummary(total=len(requests), already_done=already, ran=ran, rejected=len(all_problems),
+    return BatchSummary(total=len(ids), already_done=already, ran=ran, rejected=len(all_problems),
                         chunks_run=chunks_run, repaired_bytes=repaired, output_tokens=out_tokens,
                         elapsed_s=time.monotonic() - started, unknown_done_ids=unknown)

@@ -102,45 +102,109 @@ def _request_from_obj(obj, line: int, default_max_tokens: int | None) -> BatchRe
                         prompt_token_ids=token_ids, sampling=dict(sampling))
 
 
-def parse_request_lines(lines: Iterable[str], *, default_max_tokens: int | None = None
-                        ) -> tuple[list[BatchRequest], list[InputProblem]]:
-    """Parse JSONL lines into valid requests and problems (blank lines are skipped).
+def _parse_line(text: str, number: int, default_max_tokens: int | None) -> BatchRequest | InputProblem | None:
+    """One line -> a request, a problem, or None for a blank line (duplicates not checked here)."""
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return InputProblem(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})")
+    return _request_from_obj(obj, number, default_max_tokens)
+
+
+def _scan(lines: Iterable[str], default_max_tokens: int | None):
+    """Yield (line number, BatchRequest | InputProblem) for every non-blank line, duplicates flagged.
 
     A duplicate id is a problem on every later line that repeats it (naming the first
     line); the first occurrence stays valid, so ``--skip-invalid`` runs it once.
     """
-    requests: list[BatchRequest] = []
-    problems: list[InputProblem] = []
     first_line_of: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
-        if not text.strip():
+        item = _parse_line(text, number, default_max_tokens)
+        if item is None:
             continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            problems.append(InputProblem(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})"))
-            continue
-        item = _request_from_obj(obj, number, default_max_tokens)
-        if isinstance(item, InputProblem):
-            problems.append(item)
-            continue
-        if item.id in first_line_of:
-            problems.append(InputProblem(number, item.id,
-                                         f"duplicate id, first used on line {first_line_of[item.id]}; ids must be unique"))
-            continue
-        first_line_of[item.id] = number
-        requests.append(item)
+        if isinstance(item, BatchRequest):
+            if item.id in first_line_of:
+                item = InputProblem(number, item.id,
+                                    f"duplicate id, first used on line {first_line_of[item.id]}; ids must be unique")
+            else:
+                first_line_of[item.id] = number
+        yield number, item
+
+
+def parse_request_lines(lines: Iterable[str], *, default_max_tokens: int | None = None
+                        ) -> tuple[list[BatchRequest], list[InputProblem]]:
+    """Parse JSONL lines into valid requests and problems (blank lines are skipped)."""
+    requests: list[BatchRequest] = []
+    problems: list[InputProblem] = []
+    for _, item in _scan(lines, default_max_tokens):
+        (requests if isinstance(item, BatchRequest) else problems).append(item)
     return requests, problems
 
 
 def read_requests(path: str | Path, *, default_max_tokens: int | None = None
                   ) -> tuple[list[BatchRequest], list[InputProblem]]:
-    """Read a JSONL request file (see :func:`parse_request_lines`)."""
+    """Read a JSONL request file into memory (see :func:`parse_request_lines`; for a large
+    file use :class:`JsonlRequests`, which keeps only byte offsets)."""
     path = Path(path)
     if not path.is_file():
         raise ServebookError(f"request file {path} does not exist; pass a JSONL file with one request per line")
     with open(path, encoding="utf-8") as handle:
         return parse_request_lines(handle, default_max_tokens=default_max_tokens)
+
+
+class JsonlRequests(Sequence[BatchRequest]):
+    """The valid requests of a JSONL file, read on demand: only byte offsets stay in memory.
+
+    One pass at construction validates every line (``problems`` holds the bad ones with
+    line numbers) and keeps the byte offset of each valid line; ``requests[i]`` seeks and
+    parses that line again. A ten-million-line file costs two integers and an id per line,
+    not its prompts. ``ids`` lists the valid ids in file order.
+    """
+
+    def __init__(self, path: str | Path, *, default_max_tokens: int | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ServebookError(f"request file {self.path} does not exist; pass a JSONL file with one request per line")
+        self.default_max_tokens = default_max_tokens
+        self._offsets: list[int] = []
+        self._lines: list[int] = []
+        self.ids: list[str] = []
+        self.problems: list[InputProblem] = []
+        first_line_of: dict[str, int] = {}
+        with open(self.path, "rb") as handle:
+            number, offset = 0, 0
+            for raw in handle:
+                number += 1
+                item = _parse_line(raw.decode("utf-8", errors="replace"), number, default_max_tokens)
+                if isinstance(item, BatchRequest) and item.id in first_line_of:
+                    item = InputProblem(number, item.id, f"duplicate id, first used on line "
+                                                         f"{first_line_of[item.id]}; ids must be unique")
+                if isinstance(item, BatchRequest):
+                    first_line_of[item.id] = number
+                    self._offsets.append(offset)
+                    self._lines.append(number)
+                    self.ids.append(item.id)
+                elif item is not None:
+                    self.problems.append(item)
+                offset += len(raw)
+        self._handle = None
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if self._handle is None:
+            self._handle = open(self.path, "rb")
+        self._handle.seek(self._offsets[index])
+        item = _parse_line(self._handle.readline().decode("utf-8"), self._lines[index], self.default_max_tokens)
+        if not isinstance(item, BatchRequest):
+            raise ServebookError(f"{self.path} changed while the job ran (line {self._lines[index]}); "
+                                 "never edit the input of a running or resumable job")
+        return item
 
 
 def check_prompt_lengths(requests: Sequence[BatchRequest], prompt_tokens: Callable[[BatchRequest], int],

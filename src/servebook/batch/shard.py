@@ -39,9 +39,31 @@ def parse_shard(spec: str) -> tuple[int, int]:
     return index, count
 
 
-def select_shard(requests: Sequence[BatchRequest], index: int, num_shards: int) -> list[BatchRequest]:
-    """The requests shard ``index`` of ``num_shards`` owns, in input order."""
-    return [r for r in requests if shard_of(r.id, num_shards) == index]
+class _Subset(Sequence[BatchRequest]):
+    """Some positions of a request sequence, read through to it (no copy of the prompts)."""
+
+    def __init__(self, source: Sequence[BatchRequest], positions: list[int]):
+        self.source, self.positions = source, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self.source[self.positions[index]]
+
+
+def select_shard(requests: Sequence[BatchRequest], index: int, num_shards: int) -> Sequence[BatchRequest]:
+    """The requests shard ``index`` of ``num_shards`` owns, in input order.
+
+    A :class:`~servebook.batch.requests.JsonlRequests` stays on disk (its ``ids`` are used);
+    the result is a read-through view, not a copy.
+    """
+    ids = getattr(requests, "ids", None)
+    if ids is None:
+        ids = [r.id for r in requests]
+    return _Subset(requests, [k for k, rid in enumerate(ids) if shard_of(rid, num_shards) == index])
 
 
 def write_shards(input_path: str | Path, out_dir: str | Path, num_shards: int) -> list[Path]:

@@ -111,10 +111,13 @@ def run_check(args) -> int:
 
 def run_run(args) -> int:
     from servebook.batch.driver import OrderOptions, run_batch
+    from servebook.batch.requests import JsonlRequests
     from servebook.batch.shard import parse_shard, select_shard
     from servebook.batch.vllm_engine import VllmEngine
 
-    requests, problems = _read(args)
+    # Read on demand: only offsets and ids stay in memory, whatever the prompts weigh.
+    requests = JsonlRequests(args.input, default_max_tokens=args.max_tokens)
+    problems = requests.problems
     if args.shard:
         index, count = parse_shard(args.shard)
         requests = select_shard(requests, index, count)
