@@ -102,3 +102,28 @@ def test_repair_cli(tmp_path, capsys):
     out.write_bytes(REC_A + b'{"id":')
     assert main(["batch", "repair", str(out)]) == 0
     assert "cut 6 torn bytes after record 1" in capsys.readouterr().out
+
+
+def test_status_shard_and_merge_cli(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"x{i}", "prompt": "a", "max_tokens": 1}) + "\n" for i in range(6)))
+    assert main(["batch", "shard", str(src), "--shards", "2", "--out-dir", str(tmp_path / "s")]) == 0
+    shards = sorted((tmp_path / "s").glob("shard-*.jsonl"))
+    assert [p.name for p in shards] == ["shard-00000-of-00002.jsonl", "shard-00001-of-00002.jsonl"]
+    capsys.readouterr()
+    # Each replica's output written by hand: every id of its shard once.
+    outs = []
+    for k, shard in enumerate(shards):
+        out = tmp_path / f"out{k}.jsonl"
+        out.write_text("".join(json.dumps({"id": json.loads(l)["id"], "token_ids": [k]}) + "\n"
+                               for l in shard.read_text().splitlines()))
+        outs.append(out)
+    assert main(["batch", "status", str(src), str(outs[0])]) == 0
+    status = json.loads(capsys.readouterr().out)
+    n0 = len(shards[0].read_text().splitlines())
+    assert status == {"requests": 6, "done": n0, "remaining": 6 - n0, "problem_lines": 0}
+    merged = tmp_path / "merged.jsonl"
+    assert main(["batch", "merge", *map(str, outs), "--input", str(src), "-o", str(merged)]) == 0
+    assert [json.loads(l)["id"] for l in merged.read_text().splitlines()] == [f"x{i}" for i in range(6)]
+    assert main(["batch", "merge", str(outs[0]), "--input", str(src), "-o", str(merged)]) == 2
+    assert "have no result" in capsys.readouterr().err
