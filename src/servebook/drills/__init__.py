@@ -411,6 +411,14 @@ def render_markdown(drill: str | Drill, seed: int = 0, *, folded: bool = True) -
     return "\n".join(parts)
 
 
+def render_section(section: str, seed: int = 0, *, drills: list[Drill] | None = None) -> str:
+    """Every drill of one section as MyST markdown, answers folded."""
+    if section not in SECTIONS:
+        raise DrillError(f"section {section!r} is not in the chapter; use one of {', '.join(SECTIONS)}")
+    chosen = [d for d in (load_drills() if drills is None else drills) if d.section == section]
+    return "\n".join(render_markdown(d, seed) for d in chosen)
+
+
 def render_html(drill: str | Drill, seed: int = 0) -> str:
     """One drill as HTML with the answer folded in ``<details>`` (for notebooks and widgets)."""
     import html
@@ -424,6 +432,34 @@ def render_html(drill: str | Drill, seed: int = 0) -> str:
     return "\n".join(out)
 
 
+def question_html(drill: str | Drill, seed: int = 0) -> str:
+    """The question (and its exhibit) as HTML, without the answer: what a self-check shows first."""
+    import html
+
+    d = get_drill(drill) if isinstance(drill, str) else drill
+    out = [f"<p><b>{html.escape(d.id)}</b> ({d.kind}, §{d.section} {html.escape(d.section_title)})</p>",
+           f"<p>{html.escape(d.question_text(seed))}</p>"]
+    if d.exhibit is not None:
+        if d.exhibit.caption:
+            out.append(f"<p><i>{html.escape(d.exhibit.caption)}</i></p>")
+        out.append(f"<pre style='white-space: pre-wrap; font-size: 85%'>{html.escape(d.exhibit.text())}</pre>")
+    if d.numeric:
+        out.append(f"<p>Answer with a number in {html.escape(d.unit or 'the unit asked')}.</p>")
+    else:
+        out.append("<p>Answer in a sentence or two; it is checked for the key ideas.</p>")
+    return "\n".join(out)
+
+
+def grade_html(grade: Grade) -> str:
+    """A :class:`Grade` as HTML: verdict, then the worked explanation."""
+    import html
+
+    colour = "#1a7f37" if grade.correct else "#b35900"
+    verdict = "Correct" if grade.correct else "Not yet"
+    return (f"<p style='color:{colour}'><b>{verdict}.</b> {html.escape(grade.message)}</p>"
+            f"<p><b>Worked answer.</b> {html.escape(grade.explanation)}</p>")
+
+
 def summary(drills: list[Drill] | None = None) -> dict[str, dict[str, int]]:
     """Drill counts ``{section: {kind: n}}`` in chapter order."""
     drills = load_drills() if drills is None else drills
@@ -435,5 +471,6 @@ def summary(drills: list[Drill] | None = None) -> dict[str, dict[str, int]]:
 
 __all__ = [
     "KINDS", "SECTIONS", "Drill", "DrillError", "Exhibit", "Grade", "check_answer", "get_drill",
-    "load_drills", "parse_number", "render_html", "render_markdown", "summary",
+    "grade_html", "load_drills", "parse_number", "question_html", "render_html", "render_markdown", "render_section", "summary",
+    "tolerance_text",
 ]
