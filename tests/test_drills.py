@@ -1,0 +1,284 @@
+"""Interview drills (page 6.26): data, computed answers, grading, rendering, CLI.
+
+Numeric answers are recomputed for every variant and checked against the drill's tolerance
+(accepts the computed value, rejects half and double: the K-and-V slip). Where an answer can be
+derived independently, the test derives it: hand arithmetic from published shapes and
+datasheets, or the figure a recorded engine log / /metrics snapshot / bench result printed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from servebook.cli import main as cli_main
+from servebook.drills import (KINDS, SECTIONS, DrillError, check_answer, get_drill, load_drills, parse_number,
+                              question_html, render_html, render_markdown, render_section)
+from servebook.drills import calls
+
+ROOT = Path(__file__).resolve().parents[1]
+DRILLS = load_drills()
+NUMERIC = [d for d in DRILLS if d.numeric]
+BENCH = ROOT / "tests" / "fixtures" / "bench" / "cpu-tiny-llama-preempt"
+LOGS = ROOT / "tests" / "fixtures" / "startup_logs"
+GIB = 2**30
+
+
+# ------------------------------------------------------------------ the data
+
+def test_at_least_forty_drills_covering_every_section_and_kind():
+    assert len(DRILLS) >= 40
+    covered = {d.section for d in DRILLS}
+    assert covered == set(SECTIONS) and len(SECTIONS) == 25
+    assert {d.kind for d in DRILLS} == set(KINDS)
+    assert len({d.id for d in DRILLS}) == len(DRILLS)
+
+
+def test_debugging_drills_show_recorded_material():
+    debugging = [d for d in DRILLS if d.kind == "debugging"]
+    assert len(debugging) >= 5
+    sources = {d.exhibit.source for d in debugging if d.exhibit}
+    assert {"startup_log", "capture", "step_timing"} <= sources
+    files = {d.exhibit.file for d in debugging if d.exhibit and d.exhibit.source == "capture"}
+    assert {"metrics_after.txt", "bench_stdout.txt"} <= files  # a /metrics snapshot and a bench result
+
+
+def test_every_exhibit_line_is_in_its_recorded_file():
+    for d in DRILLS:
+        if d.exhibit is None:
+            continue
+        raw = d.exhibit.path().read_text(errors="replace")
+        for line in d.exhibit.lines():
+            shown = line.removesuffix(" ...")
+            assert shown in raw or shown in raw.replace("\\n", "\n"), (d.id, line[:80])
+
+
+def test_flags_and_metrics_named_by_drills_are_checked_claims():
+    from test_book_claims import load_claims, unknown_names
+
+    assert unknown_names([ROOT / "src" / "servebook" / "data" / "drills.toml"], load_claims()) == []
+
+
+# ------------------------------------------------------------------ every numeric variant
+
+@pytest.mark.parametrize("drill", NUMERIC, ids=[d.id for d in NUMERIC])
+def test_every_variant_is_computed_and_the_tolerance_rejects_a_factor_of_two(drill):
+    combos = drill.variant_args()
+    assert len(combos) >= drill.num_variants  # every combination, plus the base question
+    for args in combos:
+        value = drill.compute(args)
+        assert math.isfinite(value) and value > 0, (drill.id, args, value)
+        assert drill.is_accepted(value, expected=value)
+        assert not drill.is_accepted(2 * value, expected=value), (drill.id, args)
+        assert not drill.is_accepted(value / 2, expected=value), (drill.id, args)
+    for seed in range(6):  # seeds pick among those combinations
+        assert drill.args_for(seed) in combos
+
+
+def test_seed_zero_is_the_base_question_and_seeds_are_reproducible():
+    d = get_drill("memory-kv-per-sequence")
+    assert d.args_for(0) == d.args
+    assert d.args_for(7) == d.args_for(7)
+    assert len({tuple(sorted(d.args_for(s).items())) for s in range(1, 40)}) > 3
+    with pytest.raises(DrillError, match="seed"):
+        d.args_for(-1)
+
+
+# ------------------------------------------------------------------ answers derived independently
+
+def _arg(drill_id, **args):
+    return get_drill(drill_id).compute({**get_drill(drill_id).args, **args})
+
+
+def test_kv_answers_match_hand_arithmetic():
+    # Llama-3.1-8B config: 32 layers, 8 KV heads, head_dim 128; bf16 = 2 bytes; K and V.
+    per_token = 2 * 32 * 8 * 128 * 2
+    assert _arg("memory-kv-per-token", model="llama-3.1-8b") == per_token / 1024
+    assert _arg("memory-kv-per-sequence", model="llama-3.1-8b", context=32768) == pytest.approx(per_token * 32768 / GIB)
+    assert _arg("kv-dtype-fp8-sequence", model="llama-3.1-8b", context=32768) == pytest.approx(per_token / 2 * 32768 / GIB)
+    # Llama-3.1-70B: 80 layers, 8 KV heads x 128; TP 4 gives each GPU 2 heads.
+    assert _arg("tp-kv-per-gpu", tp=4, context=32768) == pytest.approx(2 * 80 * 2 * 128 * 2 * 32768 / GIB)
+    # Gemma 4 31B global layers: 4 KV heads; TP 2 splits them, TP 8 replicates (at least one per GPU).
+    assert _arg("tp-kv-replication", tp=2) == 2 and _arg("tp-kv-replication", tp=8) == 1
+
+
+def test_paging_batching_and_speculation_answers_match_hand_arithmetic():
+    assert _arg("paged-contiguous-waste", used_tokens=200) == pytest.approx(100 * 29800 / 30000)
+    assert _arg("paged-last-block-waste", tokens=1234) == 78 * 16 - 1234
+    assert get_drill("batching-static-utilisation").expected() == pytest.approx(100 * (7 * 50 + 2000) / (8 * 2000))
+    assert _arg("prefix-cache-full-blocks", shared_prefix_tokens=1000) == 62 * 16
+    assert _arg("acceptance-compounds", k=4, alpha=0.7) == pytest.approx(100 * 0.7**4)
+    assert _arg("spec-expected-tokens", k=4, alpha=0.7) == pytest.approx(1 + 0.7 + 0.49 + 0.343 + 0.2401)
+    # vLLM 0.27.1 captures graphs up to min(2 x max_num_seqs, 512) tokens by default.
+    assert _arg("cuda-graph-largest-step", max_num_seqs=1024) == 512
+    assert _arg("cuda-graph-largest-step", max_num_seqs=16) == 32
+
+
+def test_weight_read_and_measured_bandwidth_match_datasheets():
+    # Llama-3.1-8B: 8.03e9 parameters (Meta's model card) x 2 bytes; H100 SXM 3.35 TB/s, H200 4.8 TB/s.
+    weights = 8.03e9 * 2
+    assert _arg("engine-weight-read-floor", model="llama-3.1-8b", gpu="H100") == pytest.approx(weights / 3.35e12 * 1e3, rel=0.01)
+    step_s = 0.004962644218750256  # "decode B=1 C=512: 4.96 ms" in the recorded H200 log
+    assert get_drill("phases-measured-bandwidth").expected() == pytest.approx(100 * weights / step_s / 4.8e12, rel=0.01)
+
+
+def test_default_utilization_reserve_uses_the_pinned_default():
+    source = ROOT / ".venv-vllm/lib/python3.11/site-packages/vllm/config/cache.py"
+    if source.exists():  # read the pinned release itself when it is installed
+        default = float(re.search(r"gpu_memory_utilization: float = Field\(default=([0-9.]+)", source.read_text()).group(1))
+    else:
+        default = 0.92  # vLLM 0.27.1 vllm/config/cache.py
+    from servebook.hardware import get_gpu
+
+    assert _arg("defaults-gpu-util-value", gpu="H200") == pytest.approx(get_gpu("H200").memory_bytes * (1 - default) / GIB)
+
+
+def test_start_up_log_drills_agree_with_what_the_engine_printed():
+    # The memory line's own figures leave what the log calls Available KV cache memory (2-decimal rounding).
+    log = (LOGS / "h200-0.26.0-gemma-3-27b--eager" / "startup.log").read_text()
+    available = float(re.search(r"Available KV cache memory: ([0-9.]+) GiB", log).group(1))
+    assert get_drill("utilization-decompose-log").expected() == pytest.approx(available, abs=0.02)
+    # fp8 run: predicted 'GPU KV cache size' from config + flags + logged budget, within the log's rounding.
+    log = (LOGS / "h200-0.26.0-llama-3.1-8b--fp8kv" / "startup.log").read_text()
+    tokens = int(re.search(r"GPU KV cache size: ([0-9,]+) tokens", log).group(1).replace(",", ""))
+    assert get_drill("kv-dtype-fp8-log").expected() == pytest.approx(tokens, rel=0.005)
+    # Gemma-3-27B padding warning: "Add 8 padding layers".
+    padding = int(re.search(r"Add (\d+) padding layers", (LOGS / "h200-0.26.0-gemma-3-27b--eager" / "startup.log").read_text()).group(1))
+    assert calls.predicted_padding_layers("h200-0.26.0-gemma-3-27b--eager") == padding
+
+
+def test_metrics_and_bench_drills_agree_with_the_recorded_text():
+    after = (BENCH / "metrics_after.txt").read_text()
+    before = (BENCH / "metrics_before.txt").read_text()
+    counter = re.compile(r"^vllm:num_preemptions_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+    assert float(counter.search(before).group(1)) == 0
+    preemptions = float(counter.search(after).group(1))
+    assert preemptions > 0 and get_drill("max-num-seqs-metrics-preemption").expected() == preemptions
+    stdout = (BENCH / "bench_stdout.txt").read_text()
+    p99 = float(re.search(r"P99 ITL \(ms\):\s+([0-9.]+)", stdout).group(1))
+    median = float(re.search(r"Median ITL \(ms\):\s+([0-9.]+)", stdout).group(1))
+    assert get_drill("chunked-prefill-bench-tail").expected() == pytest.approx(p99 / median, rel=0.01)
+    # 6 blocks of 128 tokens; the server log's own concurrency for 512-token requests (4 blocks) is 1.50x.
+    server = (BENCH / "server.log").read_text()
+    assert "num_gpu_blocks_override=6" in server and "Maximum concurrency for 512 tokens per request: 1.50x" in server
+    assert get_drill("max-num-seqs-override-log").expected() == 6 // 2
+    assert calls.requests_that_fit(6, 128, 512) == int(1.50)
+
+
+def test_moe_weights_hold_every_expert():
+    # "A4B" = about 4B active; all 26B must be resident: weights far above active x 2 bytes.
+    active = _arg("moe-active-params", model="gemma-4-26b-a4b")
+    assert 3.5 < active < 4.5
+    assert _arg("memory-moe-weights", model="gemma-4-26b-a4b") > 5 * active * 1e9 * 2 / GIB
+
+
+# ------------------------------------------------------------------ grading
+
+@pytest.mark.parametrize("text, value", [
+    ("4.0 GiB", 4.0), ("1,568,032 tokens", 1568032), ("24%", 24), ("about 2.5k tokens", 2500),
+    ("-3", -3), (".5", 0.5), ("1e3", 1000), ("12 ms", 12),
+])
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+def test_numeric_grading_accepts_within_tolerance_and_hints_at_the_k_and_v_slip():
+    d = get_drill("memory-kv-per-token")
+    exp = d.expected()
+    assert check_answer(d, f"{exp * 1.005} KiB").correct
+    low = check_answer(d, f"{exp / 2}")
+    assert not low.correct and "K and V" in low.message and low.expected == exp
+    high = check_answer(d, f"{exp * 2}")
+    assert not high.correct and "factor of two" in high.message
+    assert "Mechanism" in low.explanation
+    with pytest.raises(DrillError, match="no number"):
+        check_answer(d, "lots")
+
+
+def test_keyword_grading_names_the_missing_ideas():
+    good = check_answer("prefix-cache-timestamp", "The block hash chains each parent, so all later blocks miss.")
+    assert good.correct and good.missing == ()
+    bad = check_answer("prefix-cache-timestamp", "The cache is too small.")
+    assert not bad.correct and bad.missing and "hash" in bad.message
+
+
+def test_unknown_drill_lists_the_ids():
+    with pytest.raises(DrillError, match="engine-idle-gpu"):
+        get_drill("no-such-drill")
+
+
+# ------------------------------------------------------------------ rendering
+
+@pytest.mark.parametrize("drill", DRILLS, ids=[d.id for d in DRILLS])
+def test_every_drill_renders(drill):
+    for seed in (0, 1, 2):
+        md = render_markdown(drill, seed)
+        assert md.count(":::{dropdown} Answer") == 1 and md.rstrip().endswith(":::")
+        assert drill.question_text(seed) in md
+        assert "{" + "value" not in md and "{" + "unit" not in md
+        html = render_html(drill, seed)
+        assert "<details>" in html
+        q = question_html(drill, seed)
+        assert "Mechanism" not in q  # the self-check shows the question without the answer
+        if drill.numeric:
+            assert drill.call in md
+        if drill.exhibit is not None:
+            assert drill.exhibit.lines()[0] in md
+
+
+def test_page_renders_every_section_once():
+    page = (ROOT / "book" / "06-26-interview-drills.md").read_text()
+    shown = re.findall(r'^show\("([0-9.]+)"\)$', page, re.M)
+    assert shown == list(SECTIONS)
+    for section in SECTIONS:
+        assert render_section(section).count(":::{dropdown} Answer") == sum(d.section == section for d in DRILLS)
+    assert "render_markdown_format: myst" in page  # dropdowns in cell output are parsed as MyST
+
+
+# ------------------------------------------------------------------ loading errors
+
+@pytest.mark.parametrize("body, message", [
+    ("[[drill]]\nid = 'a'\n", "lacks 'section'"),
+    ("[[drill]]\nid='a'\nsection='6.1'\nkind='trivia'\nquestion='q'\nanswer='a'\nkeywords=[['x']]\n", "kind"),
+    ("[[drill]]\nid='a'\nsection='7.1'\nkind='concept'\nquestion='q'\nanswer='a'\nkeywords=[['x']]\n", "section"),
+    ("[[drill]]\nid='a'\nsection='6.1'\nkind='numeric'\nquestion='q'\nanswer='a'\n", "needs a 'call'"),
+    ("[[drill]]\nid='a'\nsection='6.1'\nkind='concept'\nquestion='q'\nanswer='a'\n", "keywords"),
+    ("[[drill]]\nid='a'\nsection='6.1'\nkind='concept'\nquestion='q'\nanswer='a'\nkeywords=[['x']]\n" * 2, "twice"),
+    ("[[drill]\n", "not valid TOML"),
+])
+def test_malformed_data_says_what_to_change(tmp_path, body, message):
+    p = tmp_path / "drills.toml"
+    p.write_text(body)
+    with pytest.raises(DrillError, match=message):
+        load_drills(p)
+
+
+def test_calls_outside_the_calls_module_are_refused(tmp_path):
+    p = tmp_path / "drills.toml"
+    p.write_text("[[drill]]\nid='a'\nsection='6.1'\nkind='numeric'\nquestion='q'\nanswer='{value}'\n"
+                 "call='os.system'\nargs={command='true'}\n")
+    with pytest.raises(DrillError, match="servebook.drills.calls"):
+        load_drills(p)[0].expected()
+
+
+# ------------------------------------------------------------------ CLI
+
+def test_cli_list_json_prints_every_drill(capsys):
+    assert cli_main(["drills", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == [d.id for d in DRILLS]
+    assert all(set(r) == {"id", "section", "kind", "question"} for r in rows)
+
+
+def test_cli_show_and_check(capsys):
+    assert cli_main(["drills", "show", "memory-kv-per-token", "--answer", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["expected"] == 128 and shown["unit"] == "KiB"
+    assert cli_main(["drills", "check", "memory-kv-per-token", "128 KiB"]) == 0
+    assert cli_main(["drills", "check", "memory-kv-per-token", "64 KiB"]) == 1
+    assert "K and V" in capsys.readouterr().out
+    assert cli_main(["drills", "show", "no-such-drill"]) == 2
+    assert "use one of" in capsys.readouterr().err
