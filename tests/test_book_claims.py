@@ -58,12 +58,16 @@ def servebook_flags() -> set[str]:
     """Every option string of every ``servebook`` sub-command."""
     from servebook.cli import build_parser
 
-    parser = build_parser()
-    found = {s for s in parser._option_string_actions if s.startswith("--")}
-    for action in parser._actions:
-        for sub in getattr(action, "choices", None) and action.choices.values() or []:
-            found |= {s for s in sub._option_string_actions if s.startswith("--")}
-    return found
+    def walk(parser) -> set[str]:
+        found = {s for s in parser._option_string_actions if s.startswith("--")}
+        for action in parser._actions:
+            choices = getattr(action, "choices", None)
+            if isinstance(choices, dict):  # sub-commands, at any depth (servebook drills show ...)
+                for sub in choices.values():
+                    found |= walk(sub)
+        return found
+
+    return walk(build_parser())
 
 
 def serve_commands(text: str) -> list[list[str]]:
