@@ -72,7 +72,9 @@ def run_show(args) -> int:
     if args.answer:
         print("\nAnswer:\n" + info["answer"])
         if d.numeric:
-            print(f"\n= {info['expected']:.6g} {d.unit} ({info['tolerance']}; {d.call})")
+            value = info["expected"]
+            shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+            print(f"\n= {shown} {d.unit} ({info['tolerance']}; {d.call})")
         if d.draft_says:
             print("\nWhere the draft goes wrong: " + d.draft_says)
     return 0
