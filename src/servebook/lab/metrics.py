@@ -6,7 +6,6 @@ The metric names are vLLM 0.27.1's (``vllm/v1/metrics/loggers.py``): for example
 """
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -17,6 +16,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     is not meaningful and is left out). One engine per server, so summing over the
     ``engine``/``model_name`` labels loses nothing.
     """
+    from prometheus_client.parser import text_string_to_metric_families  # vLLM depends on it
+
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

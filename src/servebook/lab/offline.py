@@ -14,10 +14,10 @@ import subprocess
 import tempfile
 import time
 
-from servebook.engine_env import engine_lock, vllm_python
+from servebook.engine_env import vllm_python
 from servebook.lab.errors import LabError
 from servebook.lab.offline_child import BEGIN, END
-from servebook.lab.server import engine_error_line, hint_for, kill_group
+from servebook.lab.server import engine_error_line, hint_for, kill_group, timed_engine_lock
 from servebook.startup_log import StartupLog, parse_startup_log
 
 
@@ -82,7 +82,7 @@ def run_offline(jobs: list[dict], *, env: dict | None = None, timeout_s: float =
     """
     batches = [[j] for j in jobs] if isolate else [list(jobs)]
     results: list[JobResult] = []
-    with engine_lock() if lock else _null():
+    with timed_engine_lock() if lock else _null():
         for batch in batches:
             t0 = time.monotonic()
             out, code = _run_child(batch, env, timeout_s)

@@ -37,19 +37,20 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         # L2: requests, prompt and output lengths (uniform in [len*(1-r), len*(1+r)]), HF batch size.
         "l2": {"num_prompts": 16, "input_len": 32, "output_len": 32, "range_ratio": 0.9, "hf_batch_size": 8},
         # L3: a small pool (num_gpu_blocks_override) so that preemption appears in seconds.
-        "l3": {"max_num_seqs": [4, 32], "num_gpu_blocks_override": 6, "num_prompts": 32,
+        "l3": {"max_num_seqs": [2, 16], "num_gpu_blocks_override": 6, "num_prompts": 16,
                "input_len": 96, "output_len": 96, "max_model_len": 512},
         # L4: KV dtypes compared on the same workload.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 16, "input_len": 64, "output_len": 32,
-               "max_model_len": 1024},
+               "max_model_len": 1024, "gpu_memory_utilization": None, "max_num_seqs": 64},
     },
     "gpu": {
         "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
         "l2": {"num_prompts": 256, "input_len": 512, "output_len": 256, "range_ratio": 0.9, "hf_batch_size": 32},
-        "l3": {"max_num_seqs": [16, 64, 128, 256, 512], "num_gpu_blocks_override": 4096, "num_prompts": 1024,
-               "input_len": 512, "output_len": 256, "max_model_len": 4096},
-        "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 1024, "input_len": 1024, "output_len": 256,
-               "max_model_len": 8192},
+        "l3": {"max_num_seqs": [16, 48, 128, 256], "num_gpu_blocks_override": 2048, "num_prompts": 512,
+               "input_len": 512, "output_len": 128, "max_model_len": 4096},
+        # L4: a small utilisation so that the KV pool, not compute, limits the batch.
+        "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 512, "input_len": 1024, "output_len": 256,
+               "max_model_len": 4096, "gpu_memory_utilization": 0.25, "max_num_seqs": 256},
     },
 }
 
@@ -116,7 +117,8 @@ def _written_model_dir(config_json: str) -> Path:
     out = Path(tempfile.mkdtemp(prefix="servebook-lab-model-"))
     code = ("import json, sys; from servebook.tiny_model import write_model_dir; "
             "write_model_dir(sys.argv[1], json.loads(sys.argv[2]))")
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "src"))
+    src, prior = str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=src + (os.pathsep + prior if prior else ""))
     proc = subprocess.run([str(vllm_python()), "-c", code, str(out), config_json],
                           capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0 or not (out / "config.json").exists():

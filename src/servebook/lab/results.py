@@ -16,6 +16,7 @@ from pathlib import Path
 from servebook.engine_env import REPO_ROOT
 from servebook.lab.offline import engine_provenance
 from servebook.lab.profiles import Profile
+from servebook.lab.server import LOCK_WAIT_S
 from servebook.provenance import config_sha256, utc_now_iso
 
 SCHEMA = "servebook.lab/1"
@@ -56,6 +57,8 @@ def save_result(lab: str, profile: Profile, measurements: dict, *, engine_args: 
         "engine_args": dict(profile.engine_args, **(engine_args or {})),
         "environment": {k: v for k, v in env.items() if k.startswith("VLLM_")},
         "notes": notes,
+        # Time this lab's process waited for other engines on a shared machine (not lab time).
+        "harness": {"engine_lock_wait_s": round(LOCK_WAIT_S[0], 1)},
         "measurements": measurements,
     }
     out = results_dir() / f"{lab}_{profile.name}.json"

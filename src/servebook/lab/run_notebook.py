@@ -29,8 +29,10 @@ def main(path: str) -> int:
     namespace: dict = {"__name__": "__main__"}
     t0 = time.monotonic()
     for i, cell in enumerate(code_cells(Path(path).read_text())):
+        t_cell = time.monotonic()
         try:
             exec(compile(cell, f"{path}#cell{i}", "exec"), namespace)
+            print(f"--- {path}: cell {i} took {time.monotonic() - t_cell:.1f} s", flush=True)
         except BaseException:
             traceback.print_exc()
             print(f"--- {path}: cell {i} failed:\n{cell}", file=sys.stderr)

@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from servebook.engine_env import engine_lock, vllm_python
@@ -38,6 +38,17 @@ from servebook.startup_log import StartupLog, parse_startup_log
 
 HOST = "127.0.0.1"
 _LIVE: set["VllmServer"] = set()
+#: Seconds this process has waited for the machine-wide engine lock (other engines running).
+LOCK_WAIT_S = [0.0]
+
+
+@contextmanager
+def timed_engine_lock():
+    """:func:`servebook.engine_env.engine_lock`, adding the wait to :data:`LOCK_WAIT_S`."""
+    t0 = time.monotonic()
+    with engine_lock():
+        LOCK_WAIT_S[0] += time.monotonic() - t0
+        yield
 
 
 def free_port() -> int:
@@ -128,7 +139,14 @@ def engine_error_line(log: str) -> str:
         return ""
     line = lines[-1]
     m = re.search(r"\b\w*(Error|Exception)\b:.*|error:.*", line)
-    return m.group(0) if m else line
+    line = m.group(0) if m else line
+    if re.search(r"validation errors? for \w+\s*$", line):
+        # pydantic puts the field and the reason on the next lines: keep them.
+        all_lines = [l.strip() for l in log.splitlines()]
+        at = max(i for i, l in enumerate(all_lines) if l.endswith(line))
+        detail = [re.sub(r"^\(\w+ pid=\d+\)\s*", "", l) for l in all_lines[at + 1:at + 3] if l]
+        line = " ".join([line, *detail])
+    return line
 
 
 def hint_for(log: str) -> str:
@@ -214,7 +232,7 @@ class VllmServer:
             self.port = free_port()
         check_port_free(self.port)
         if self.lock:
-            self._stack.enter_context(engine_lock())
+            self._stack.enter_context(timed_engine_lock())
         fd, name = tempfile.mkstemp(prefix="servebook-vllm-serve-", suffix=".log")
         os.close(fd)
         self._log_path = Path(name)
