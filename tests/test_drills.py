@@ -282,3 +282,20 @@ def test_cli_show_and_check(capsys):
     assert "K and V" in capsys.readouterr().out
     assert cli_main(["drills", "show", "no-such-drill"]) == 2
     assert "use one of" in capsys.readouterr().err
+
+
+def test_graph_and_padding_drills_agree_with_the_recorded_logs():
+    from servebook.hf_config import load_model_spec
+    from servebook.memory import uses_v2_model_runner
+
+    log = (LOGS / "h200-0.26.0-qwen3-30b-a3b--timing" / "startup.log").read_text()
+    pool = re.search(r"CUDA graph pool memory: ([0-9.]+) GiB \(actual\), ([0-9.]+) GiB \(estimated\)", log)
+    assert get_drill("cuda-graph-moe-estimate").expected() == pytest.approx(float(pool.group(1)) - float(pool.group(2)))
+    # The drill says this MoE runs the V1 runner; the log agrees (no V2 line) and so does the library.
+    assert "Using V2 Model Runner" not in log and not uses_v2_model_runner(load_model_spec("qwen3-30b-a3b"))
+    gemma = (LOGS / "h200-0.26.0-gemma-3-27b--eager" / "startup.log").read_text()
+    padding = re.search(r"Add (\d+) padding layers, may waste at most ([0-9.]+)%", gemma)
+    assert get_drill("memory-padding-warning").expected() == int(padding.group(1))
+    # Hand arithmetic: 62 layers at 5 sliding : 1 global -> 52 sliding + 10 global; groups of 10
+    # -> the 52 sliding layers fill 6 groups (60 slots): 8 padding, 8 / 52 = 15.38%.
+    assert 6 * 10 - 52 == int(padding.group(1)) and round(8 / 52 * 100, 2) == float(padding.group(2))

@@ -463,3 +463,10 @@ def bench_ratio(capture: str, numerator: str, denominator: str) -> float:
 def bench_output_tokens_per_request(capture: str) -> float:
     """Output throughput / request throughput from a recorded bench result (tokens per request)."""
     return bench_value(capture, "output_throughput") / bench_value(capture, "request_throughput")
+
+
+def log_cudagraph_underestimate_gib(name: str) -> float:
+    """CUDA-graph pool memory actually taken minus the estimate subtracted before KV sizing, GiB (log figures)."""
+    actual = logged(name, "cudagraph_actual_gib")
+    estimated = logged(name, "cudagraph_estimated_gib")
+    return actual - estimated
