@@ -188,12 +188,28 @@ class Drill:
                 args[key] = rng.choice(self.variants[key])
         return args
 
+    def variant_args(self) -> list[dict]:
+        """Every argument combination the variants allow (the base arguments first)."""
+        import itertools
+
+        keys = sorted(self.variants)
+        combos = [dict(self.args)]
+        for values in itertools.product(*(self.variants[k] for k in keys)):
+            args = {**self.args, **dict(zip(keys, values))}
+            if args not in combos:
+                combos.append(args)
+        return combos
+
     # ---------------------------------------------------------------- answers
-    def expected(self, seed: int = 0) -> float:
-        """The computed answer for ``seed`` (in :attr:`unit`)."""
+    def compute(self, args: dict) -> float:
+        """The answer for explicit arguments (in :attr:`unit`)."""
         if not self.numeric:
             raise DrillError(f"drill {self.id} is a {self.kind} question without a computed answer")
-        return float(_call(self.call, self.args_for(seed)))
+        return float(_call(self.call, args))
+
+    def expected(self, seed: int = 0) -> float:
+        """The computed answer for ``seed`` (in :attr:`unit`)."""
+        return self.compute(self.args_for(seed))
 
     def facts_for(self, seed: int = 0) -> dict[str, float]:
         """Every ``facts`` entry computed for ``seed`` (``$arg`` in their args means the drill's arg)."""
@@ -221,9 +237,9 @@ class Drill:
         """The worked answer (mechanism, then the computed number) for this seed."""
         return _fill(self.answer, self._fields(seed), self.id)
 
-    def is_accepted(self, value: float, seed: int = 0) -> bool:
-        """True when ``value`` is within tolerance of the computed answer."""
-        exp = self.expected(seed)
+    def is_accepted(self, value: float, seed: int = 0, *, expected: float | None = None) -> bool:
+        """True when ``value`` is within tolerance of the computed answer (or of ``expected``)."""
+        exp = self.expected(seed) if expected is None else expected
         return math.isclose(value, exp, rel_tol=self.rel_tol, abs_tol=self.abs_tol)
 
 
