@@ -38,6 +38,11 @@ CHUNK = 8
 DRIVER_FLAGS = ["--load-format", "dummy", "--max-model-len", "256", "--max-num-seqs", "16", "--enforce-eager",
                 "--seed", "0", "--dtype", "float32", "--chunk-size", str(CHUNK), "--min-shared-tokens", "32",
                 "--skip-invalid"]
+#: Text prompts (tokenized by the engine's tokenizer): the tiny word-level tokenizer gives one token
+#: per word plus <s>, so these are 3 and 8 prompt tokens (tests/engine/test_vllm_cpu_smoke.py).
+TEXT_ROWS = [{"id": "text-0", "prompt": "hello world", "max_tokens": 8},
+             {"id": "text-1", "prompt": "tell me a story about a cat", "max_tokens": 12}]
+TEXT_PROMPT_TOKENS = {"text-0": 3, "text-1": 8}
 #: Bad lines mixed into the input (1-based line number after insertion -> what is wrong).
 BAD_LINES = {5: '{"prompt_token_ids": [11, 12], "max_tokens": 4}',                       # missing id
              20: None,                                                                   # duplicate id (filled in)
@@ -98,6 +103,7 @@ def job(tmp_path_factory):
     subprocess.run([str(vllm_python()), "-c", "import sys; from servebook.tiny_model import write_model_dir; "
                     "write_model_dir(sys.argv[1])", str(model_dir)], check=True, timeout=120)
     rows = make_requests(SPEC, sampling={"temperature": 0.0, "ignore_eos": True})
+    rows += [{**r, "sampling": {"temperature": 0.0, "ignore_eos": True}} for r in TEXT_ROWS]
     lines = [json.dumps(r) for r in rows]
     bad = dict(BAD_LINES)
     bad[20] = json.dumps({**rows[2], "max_tokens": 3})                                    # repeats rows[2]'s id
@@ -111,13 +117,14 @@ def job(tmp_path_factory):
 
 def test_kill9_at_random_points_then_resume_equals_uninterrupted_run(job):
     root, model_dir, src, rows = job
+    n = len(rows)                                               # 48 token-id + 2 text requests
     rng = random.Random(SEED)
     started = time.monotonic()
     history = []
     with engine_lock():
         reference = root / "reference.jsonl"
         ref_summary = run_to_end(driver_cmd(model_dir, src, reference), root / "reference.log")
-        assert (ref_summary["ran"], ref_summary["already_done"]) == (48, 0)
+        assert (ref_summary["ran"], ref_summary["already_done"]) == (n, 0)
 
         out = root / "killed.jsonl"
         torn_bytes = 0
@@ -130,7 +137,7 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted_run(job):
             # The kill came after the file grew by grow_by records and before the job finished.
             # (Chunks are appended with one write, so `after` is normally a multiple of CHUNK; a
             # kill inside that write could cut it, which the final repair would handle.)
-            assert before + grow_by <= after < 48, history
+            assert before + grow_by <= after < n, history
             if attempt == KILLS - 1:
                 whole = out.read_bytes().splitlines(keepends=True)[-1]
                 torn = whole[: len(whole) // 2]
@@ -149,12 +156,12 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted_run(job):
     assert final["rejected"] == ref_summary["rejected"] == 3
     assert final["repaired_bytes"] == torn_bytes > 0
     assert final["already_done"] == records_before_final
-    assert final["ran"] == 48 - records_before_final
+    assert final["ran"] == n - records_before_final
     assert (root / "killed.jsonl.torn").read_bytes().endswith(torn)
 
     lines = out.read_bytes().splitlines()
     ids = [json.loads(l)["id"] for l in lines]
-    assert len(ids) == len(set(ids)) == 48                       # every request exactly once
+    assert len(ids) == len(set(ids)) == n                       # every request exactly once
     assert set(ids) == {r["id"] for r in rows}
     got, want = read_results(out), read_results(reference)
     for rid, rec in want.items():
@@ -162,4 +169,6 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted_run(job):
         max_tokens = next(r["max_tokens"] for r in rows if r["id"] == rid)
         assert len(rec["token_ids"]) == max_tokens
         assert got[rid]["token_ids"] == rec["token_ids"], rid
-        assert got[rid]["prompt_tokens"] == len(next(r["prompt_token_ids"] for r in rows if r["id"] == rid))
+        row = next(r for r in rows if r["id"] == rid)
+        expected_prompt = TEXT_PROMPT_TOKENS[rid] if "prompt" in row else len(row["prompt_token_ids"])
+        assert got[rid]["prompt_tokens"] == rec["prompt_tokens"] == expected_prompt, rid
