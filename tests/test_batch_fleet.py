@@ -15,9 +15,8 @@ def test_ray_rows_carry_id_prompt_and_sampling():
     text = BatchRequest(id="a", line=1, max_tokens=5, prompt="hi", sampling={"temperature": 0})
     ids = BatchRequest(id="b", line=2, max_tokens=3, prompt_token_ids=(4, 5))
     assert ray_data.ray_row(text) == {"id": "a", "prompt": "hi", "sampling_params": {"max_tokens": 5, "temperature": 0}}
-    with pytest.raises(ServebookError, match="text prompts only"):
-        ray_data.ray_row(ids)
-    assert [(p.line, p.id) for p in ray_data.ray_problems([text, ids])] == [(2, "b")]
+    assert ray_data.ray_row(ids) == {"id": "b", "prompt": "", "tokenized_prompt": [4, 5],
+                                     "sampling_params": {"max_tokens": 3}}
     out = ray_data.record_from_ray_row({"id": "b", "generated_tokens": [7, 8], "generated_text": "x y",
                                         "num_input_tokens": 2, "extra": 1})
     assert out == {"id": "b", "prompt_tokens": 2, "token_ids": [7, 8], "text": "x y", "finish_reason": None}
@@ -49,10 +48,10 @@ def test_collect_keeps_one_record_per_id_and_skips_torn_lines(tmp_path):
 def test_run_on_ray_reports_bad_lines_before_needing_ray(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "prompt": "x", "max_tokens": 1}\n{"prompt": "x"}\n'
-                   '{"id": "t", "prompt_token_ids": [1], "max_tokens": 1}\n')
+                   '{"id": "a", "prompt_token_ids": [1], "max_tokens": 1}\n')
     with pytest.raises(ServebookError) as err:
         ray_data.run_on_ray(src, tmp_path / "out", model="m")
-    assert "2 input lines" in str(err.value) and "line 2" in str(err.value) and "line 3 (id 't')" in str(err.value)
+    assert "2 input lines" in str(err.value) and "line 2" in str(err.value) and "line 3 (id 'a')" in str(err.value)
 
 
 def test_run_on_ray_without_ray_says_what_to_install(tmp_path, monkeypatch):

@@ -16,9 +16,12 @@ to restart, with the same rules as the single-machine driver:
 Ray is imported only inside :func:`run_on_ray`; the row conversions and the output
 collection are plain functions tested without Ray. Ray's vLLM processor needs GPUs
 (its quickstart says so), so this path is not exercised on the CPU CI machine.
-Column names follow ``ray.data.llm``'s vLLM stage: ``prompt`` (text; that stage does not
-send token ids to a V1 engine) and ``sampling_params`` in; ``generated_text``, ``generated_tokens``, ``num_input_tokens`` out;
-other columns (our ``id``) are carried through.
+Written against Ray 2.60.0 (``ray.data.llm.build_processor``; its vLLM stage,
+``ray/llm/_internal/batch/stages/vllm_engine_stage.py``, reads ``prompt`` or
+``tokenized_prompt`` and ``sampling_params``); older releases named the builder
+``build_llm_processor`` and sent text prompts only. Output columns used:
+``generated_text``, ``generated_tokens``, ``num_input_tokens``; other columns (our ``id``)
+are carried through.
 """
 from __future__ import annotations
 
@@ -34,23 +37,17 @@ from servebook.errors import ServebookError
 _ATTEMPT = re.compile(r"^attempt-(\d{4})$")
 
 
-TOKEN_IDS_UNSUPPORTED = ("the Ray path sends text prompts only: ray.data.llm's vLLM stage builds a TextPrompt "
-                         "and asserts a prompt string (ray python/ray/llm/_internal/batch/stages/"
-                         "vllm_engine_stage.py); give \"prompt\" text, or run token-id requests with "
-                         "`servebook batch run --shard i/N` on each machine")
-
-
 def ray_row(request: BatchRequest) -> dict:
-    """One input row for Ray's vLLM processor (the ``preprocess`` output); text prompts only."""
-    if request.prompt is None:
-        raise ServebookError(f"request {request.id!r} (line {request.line}): {TOKEN_IDS_UNSUPPORTED}")
-    return {"id": request.id, "prompt": request.prompt,
-            "sampling_params": {"max_tokens": request.max_tokens, **request.sampling}}
+    """One input row for Ray's vLLM processor (the ``preprocess`` output).
 
-
-def ray_problems(requests: Sequence[BatchRequest]) -> list[InputProblem]:
-    """Requests the Ray path cannot send (token-id prompts), as line-numbered problems."""
-    return [InputProblem(r.line, r.id, TOKEN_IDS_UNSUPPORTED) for r in requests if r.prompt is None]
+    Token-id prompts go in ``tokenized_prompt`` (Ray 2.60.0's vLLM stage sends them as a
+    ``TokensPrompt``); ``prompt`` is always present because that stage pops it.
+    """
+    row = {"id": request.id, "prompt": request.prompt or "",
+           "sampling_params": {"max_tokens": request.max_tokens, **request.sampling}}
+    if request.prompt_token_ids is not None:
+        row["tokenized_prompt"] = list(request.prompt_token_ids)
+    return row
 
 
 def record_from_ray_row(row: dict) -> dict:
@@ -116,6 +113,14 @@ def collect_ray_outputs(output_dir: str | Path) -> CollectedOutputs:
     return CollectedOutputs(records, duplicates, torn)
 
 
+def processor_config_kwargs(model: str, engine_kwargs: dict | None, concurrency: int, batch_size: int) -> dict:
+    """Keywords for Ray 2.60.0's ``vLLMEngineProcessorConfig``: prompts arrive ready (no chat
+    template, no tokenizer stage); the engine detokenizes, so no detokenizer stage either."""
+    return {"model_source": model, "engine_kwargs": dict(engine_kwargs or {}), "concurrency": concurrency,
+            "batch_size": batch_size, "chat_template_stage": False, "tokenize_stage": False,
+            "detokenize_stage": False}
+
+
 def pending_rows(requests: Sequence[BatchRequest], done: set[str] | dict) -> list[dict]:
     """Ray input rows for the requests that have no result yet, in input order."""
     return [ray_row(r) for r in requests if r.id not in done]
@@ -129,15 +134,12 @@ def run_on_ray(input_path: str | Path, output_dir: str | Path, *, model: str, en
     ``engine_kwargs`` sets ``tensor_parallel_size``). Needs ``ray[data,llm]`` and GPUs.
     """
     requests, problems = read_requests(input_path)
-    unsupported = ray_problems(requests)
-    problems = sorted([*problems, *unsupported], key=lambda p: p.line)
-    requests = [r for r in requests if r.prompt is not None]
     if problems and not skip_invalid:
         raise ServebookError(f"{len(problems)} input lines cannot run; fix them or pass skip_invalid=True:\n"
                              + format_problems(problems))
     try:
         import ray
-        from ray.data.llm import build_llm_processor, vLLMEngineProcessorConfig
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError:
         raise ServebookError("the Ray path needs Ray Data's LLM support: pip install 'ray[data,llm]' "
                              "(on GPU machines); on one machine use `servebook batch run` instead") from None
@@ -146,10 +148,8 @@ def run_on_ray(input_path: str | Path, output_dir: str | Path, *, model: str, en
     target = next_attempt_dir(output_dir)
     if not rows:
         return target
-    config = vLLMEngineProcessorConfig(model_source=model, engine_kwargs=dict(engine_kwargs or {}),
-                                       concurrency=concurrency, batch_size=batch_size,
-                                       apply_chat_template=False, tokenize=False, detokenize=False)
-    processor = build_llm_processor(config, preprocess=lambda row: row, postprocess=record_from_ray_row)
+    config = vLLMEngineProcessorConfig(**processor_config_kwargs(model, engine_kwargs, concurrency, batch_size))
+    processor = build_processor(config, preprocess=lambda row: row, postprocess=record_from_ray_row)
     ray.init(ignore_reinit_error=True)
     processor(ray.data.from_items(rows)).write_json(str(target))
     return target
