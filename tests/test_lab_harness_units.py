@@ -167,3 +167,15 @@ def test_save_result_stamps_provenance(tmp_path, monkeypatch):
     path.write_text(json.dumps(doc))
     with pytest.raises(LabError, match="gpu"):
         R.load_result(path)
+
+
+def test_gpu_profile_names_the_catalogue_gpu_or_refuses(monkeypatch):
+    from servebook.lab.profiles import _catalogue_gpu
+
+    monkeypatch.delenv("SERVEBOOK_LAB_GPU", raising=False)
+    assert _catalogue_gpu("NVIDIA H200").startswith("H200")           # nvidia-smi's spelling
+    assert _catalogue_gpu("NVIDIA H100 80GB HBM3").startswith("H100")
+    with pytest.raises(LabError, match="SERVEBOOK_LAB_GPU"):
+        _catalogue_gpu("Tesla T4")                                    # not guessed as an H200
+    monkeypatch.setenv("SERVEBOOK_LAB_GPU", "H100")
+    assert _catalogue_gpu("Tesla T4").startswith("H100")

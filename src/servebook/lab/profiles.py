@@ -138,18 +138,27 @@ def _cuda_name() -> str | None:
 
 
 def _catalogue_gpu(reported: str | None) -> str:
-    """The catalogue name for the GPU CUDA reports (``NVIDIA H200`` -> ``H200``); H200 if unknown."""
+    """The catalogue name for ``$SERVEBOOK_LAB_GPU`` or the GPU CUDA reports.
+
+    ``NVIDIA H200`` -> ``H200-SXM-141GB``; ``NVIDIA H100 PCIe`` tries ``H100 PCIe`` before
+    ``H100``. Raises :class:`LabError` when neither names a catalogue GPU (the calculator would
+    otherwise predict for the wrong memory size).
+    """
     from servebook.hardware import get_gpu
 
-    for candidate in (os.environ.get("SERVEBOOK_LAB_GPU"), reported,
-                      (reported or "").replace("NVIDIA", "").strip()):
+    override = os.environ.get("SERVEBOOK_LAB_GPU")
+    words = (reported or "").replace("NVIDIA", "").split()
+    candidates = [override] if override else []
+    candidates += [reported] + [" ".join(words[i:i + 2]) for i in range(len(words) - 1)] + words
+    for candidate in candidates:
         if not candidate:
             continue
         try:
             return get_gpu(candidate).name
-        except Exception:  # noqa: BLE001  (unknown name: try the next spelling)
+        except Exception:  # noqa: BLE001  (unknown spelling: try the next one)
             continue
-    return get_gpu("H200").name
+    raise LabError(f"GPU {reported or '(none reported by nvidia-smi)'} is not in the catalogue; set "
+                   "SERVEBOOK_LAB_GPU to a catalogue name (see `servebook` GPU list, e.g. H100 or H200)")
 
 
 def get_profile(name: str | None = None) -> Profile:

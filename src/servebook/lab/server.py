@@ -188,6 +188,7 @@ class VllmServer:
         self.pgid: int | None = None
         self.startup_s: float | None = None
         self._log_path: Path | None = None
+        self._final_log: str | None = None
         self._stack = ExitStack()
 
     # ------------------------------------------------------------------ command
@@ -206,6 +207,8 @@ class VllmServer:
     @property
     def log(self) -> str:
         """Everything the server wrote so far (stdout and stderr)."""
+        if self._final_log is not None:
+            return self._final_log
         if self._log_path is None or not self._log_path.exists():
             return ""
         return self._log_path.read_text(errors="replace")
@@ -289,6 +292,9 @@ class VllmServer:
         finally:
             _LIVE.discard(self)
             self._stack.close()
+            if self._log_path is not None and self._final_log is None:
+                self._final_log = self.log  # keep the text, remove the temporary file
+                self._log_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ probes
     def get(self, path: str, timeout_s: float = 30.0) -> str:
