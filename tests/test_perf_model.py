@@ -56,11 +56,12 @@ def test_sliding_window_caps_reads():
     gemma = load_model_spec("gemma-4-31b")
     short = W.decode_work(gemma, 1, 1000).kv_read_bytes
     long = W.decode_work(gemma, 1, 11000).kv_read_bytes
-    # only the 10 global layers (4 KV heads x 512, K=V shared) grow beyond the 1024 window:
-    # 10 x 4 x 512 x 2 B per extra token; sliding layers grow by 24 tokens (1000 -> 1024)
+    # only the 10 global layers (4 KV heads x 512, K=V shared but vLLM keeps and reads both slots)
+    # grow beyond the 1024 window: 10 x 4 x (512 + 512) x 2 B per extra token; sliding layers
+    # grow by 24 tokens (1000 -> 1024)
     sliding = sum(1 for l in gemma.layers if l.kind == "sliding")
     assert sliding == 50
-    expected = 10_000 * 10 * 4 * 512 * 2 + 24 * 50 * 16 * 512 * 2
+    expected = 10_000 * 10 * 4 * (512 + 512) * 2 + 24 * 50 * 16 * 512 * 2
     assert long - short == pytest.approx(expected)
 
 
@@ -135,3 +136,20 @@ def test_cudagraph_size_follows_vllm_default():
     assert cudagraph_max_tokens(64, 16384, num_speculative_tokens=3) == 512
     assert cudagraph_max_tokens(256, 256) == 256
     assert cudagraph_max_tokens(256, 16384, enforce_eager=True) == 0
+
+
+def test_kv_read_counts_the_v_slot_vllm_keeps_for_k_equals_v_layers():
+    """Gemma 4 global layers share K and V, but vLLM stores (and reads) both slots.
+
+    Hand arithmetic for gemma-4-31b at one token of context, TP 1, bf16: 50 sliding layers x
+    16 heads x (256 + 256) + 10 global layers x 4 heads x (512 + 512) = 450,560 elements,
+    x 2 bytes = 901,120 bytes per token, the same as servebook.kv_cache's per-token page bytes.
+    """
+    from servebook.hf_config import load_model_spec
+    from servebook.kv_cache import kv_cache_layout
+    from servebook.perf.work import kv_elements_per_token_per_gpu
+
+    spec = load_model_spec("gemma-4-31b")
+    elements = sum(kv_elements_per_token_per_gpu(l, 1) for l in spec.layers if l.owns_cache)
+    assert elements * 2 == 901_120
+    assert kv_cache_layout(spec).kv_bytes_per_token == 901_120

@@ -90,10 +90,15 @@ def kv_heads_per_gpu(layer: AttentionLayer, tp: int) -> float:
 
 
 def kv_elements_per_token_per_gpu(layer: AttentionLayer, tp: int) -> float:
-    """KV elements per token one TP rank stores/reads for ``layer``."""
+    """KV elements per token one TP rank stores/reads for ``layer``.
+
+    vLLM caches a V slot even where a model shares K and V (Gemma 4's global layers:
+    ``v_head_dim`` 0 means "same as K"), and the attention kernel reads both slots, so
+    this matches :mod:`servebook.kv_cache`'s page sizes.
+    """
     if layer.kind == "mla":
         return float(layer.head_dim)
-    return kv_heads_per_gpu(layer, tp) * (layer.head_dim + layer.v_head_dim)
+    return kv_heads_per_gpu(layer, tp) * (layer.head_dim + (layer.v_head_dim or layer.head_dim))
 
 
 def _attention_dims(spec: ModelSpec, layer: AttentionLayer) -> int:
