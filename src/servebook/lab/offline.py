@@ -83,7 +83,7 @@ def run_offline(jobs: list[dict], *, env: dict | None = None, timeout_s: float =
     batches = [[j] for j in jobs] if isolate else [list(jobs)]
     results: list[JobResult] = []
     with timed_engine_lock() if lock else _null():
-        for batch in batches:
+        for batch in _progress(batches, len(jobs)):
             t0 = time.monotonic()
             out, code = _run_child(batch, env, timeout_s)
             got = _split(out, batch)
@@ -93,6 +93,17 @@ def run_offline(jobs: list[dict], *, env: dict | None = None, timeout_s: float =
                                f"{engine_error_line(out) or out[-1500:]}")
             results += got
     return results
+
+
+def _progress(batches: list, n_jobs: int):
+    """A tqdm bar over the children when there are several (GPU runs), else the list as is."""
+    if len(batches) < 2:
+        return batches
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return batches
+    return tqdm(batches, desc=f"offline jobs ({n_jobs})")
 
 
 class _null:
