@@ -39,7 +39,7 @@ run_pytest() {
   # -m "" clears any marker filter from the configuration: engine and browser tests run too.
   # SERVEBOOK_REQUIRE_BROWSER=1 turns "no Chromium / no built book" into failures, not skips.
   local rc=0
-  SERVEBOOK_REQUIRE_BROWSER=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests -m "" "$@" || rc=$?
+  SERVEBOOK_REQUIRE_BROWSER=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests -m "" --durations=25 "$@" || rc=$?
   if [ $rc -eq 5 ]; then
     echo "error: pytest collected no tests (exit 5); tests/ must hold tests, check the -k/-m arguments" >&2
   fi
