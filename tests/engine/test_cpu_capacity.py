@@ -42,7 +42,7 @@ def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
         "model": str(model), "load_format": "dummy", "skip_tokenizer_init": True, "enforce_eager": True,
         "max_model_len": 1500, "max_num_batched_tokens": 256, "kv_cache_dtype": "fp8",
     }
-    proc = run_in_engine_env([str(script), json.dumps(kwargs)], timeout_s=400, env=cpu_engine_env(1, in_process=True))
+    proc = run_in_engine_env([str(script), json.dumps(kwargs)], timeout_s=400, env=cpu_engine_env(1))
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "SERVEBOOK_ENGINE_READY" in text, text[-4000:]
     log = parse_startup_log(text)

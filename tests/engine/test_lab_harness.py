@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -54,10 +55,17 @@ def test_server_probes_then_exception_leaves_nothing_running(profile):
 
 
 INTERRUPTED = textwrap.dedent("""
-    import json, sys
+    import sys, threading, time
     from servebook.lab import VllmServer, get_profile
     p = get_profile("cpu-smoke")
     server = VllmServer(p.model_dir(), dict(p.engine_args, max_model_len=512), env=p.engine_env())
+
+    def announce():
+        while server.proc is None:
+            time.sleep(0.05)
+        print("STARTED", server.pgid, flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
     try:
         with server:
             pass
@@ -70,23 +78,29 @@ INTERRUPTED = textwrap.dedent("""
 def test_keyboard_interrupt_during_startup_leaves_nothing_running(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Wait until the engine process group exists (the harness writes a serve log), then interrupt.
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        rows = [l.split(None, 2) for l in subprocess.run(
-            ["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]]
-        servers = [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == proc.pid and "vllm_cli serve" in r[2]]
-        if servers:
-            break
-        time.sleep(0.5)
-    assert servers, "the harness never started vllm serve"
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
-    pgid = int(out.split("PGID")[1].split()[0])
-    assert pgid == servers[0]
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err_file, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        # Wait until the harness has spawned `vllm serve` (the child announces its process group),
+        # then interrupt it while the engine is still starting.
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not any(l.startswith("STARTED") for l in lines):
+            time.sleep(0.2)
+        started = [l for l in lines if l.startswith("STARTED")]
+        if not started:
+            proc.kill()
+            pytest.fail(f"the harness never started vllm serve (child status {proc.poll()}); "
+                        f"its stderr ends: {err_path.read_text()[-3000:]}")
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    assert proc.returncode == 130, err_path.read_text()[-3000:]
+    pgid = int(next(l for l in lines if l.startswith("PGID")).split()[1])
+    assert pgid == int(started[0].split()[1])
     assert group_pids(pgid) == []
 
 

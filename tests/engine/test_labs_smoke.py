@@ -8,37 +8,18 @@ output or implied by the workload). Wall time per lab is printed (``pytest -s``)
 """
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
 
 import pytest
 
-jupytext = pytest.importorskip("jupytext")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("jupytext")
+pytest.importorskip("nbclient")
+
+from labrun import LABS, check_provenance as _check_provenance, run_lab as _run_lab  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
-LABS = Path(__file__).resolve().parents[2] / "labs"
 LAB_FILES = sorted(LABS.glob("l[1-4]_*.md"))
-PROVENANCE = ("date", "gpu", "vllm_version", "config", "config_sha256", "engine_args", "profile")
-
-
-def _run_lab(path: Path, results: Path) -> dict:
-    nb = jupytext.read(path)
-    os.environ["SERVEBOOK_LAB_PROFILE"] = "cpu-smoke"
-    os.environ["SERVEBOOK_LAB_RESULTS"] = str(results)
-    t0 = time.monotonic()
-    nbclient.NotebookClient(nb, timeout=400, kernel_name="python3",
-                            resources={"metadata": {"path": str(LABS)}}).execute()
-    wall = time.monotonic() - t0
-    [out] = results.glob(f"{path.stem}_cpu-smoke.json")
-    doc = json.loads(out.read_text())
-    waited = doc.get("harness", {}).get("engine_lock_wait_s", 0.0)
-    print(f"\n{path.name}: {wall:.0f} s wall, {waited:.0f} s of it waiting for other engines, "
-          f"{wall - waited:.0f} s own")
-    return doc
 
 
 def test_four_labs_exist():
@@ -51,14 +32,6 @@ def results(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVEBOOK_LAB_PROFILE", "cpu-smoke")
     monkeypatch.setenv("SERVEBOOK_LAB_RESULTS", str(tmp_path))
     return tmp_path
-
-
-def _check_provenance(doc: dict) -> None:
-    for key in PROVENANCE:
-        assert doc.get(key) not in (None, "", {}), key
-    assert doc["vllm_version"] == "0.27.1"
-    assert doc["profile"] == "cpu-smoke"
-    assert doc["gpu"]["name"] == "cpu"
 
 
 def test_l1_memory_budget(results):

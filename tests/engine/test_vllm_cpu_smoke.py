@@ -12,7 +12,7 @@ HERE = Path(__file__).parent
 
 
 def test_tiny_llama_generates_greedily_on_vllm_cpu():
-    proc = run_in_engine_env([str(HERE / "smoke_generate.py")], timeout_s=300, env=cpu_engine_env(1, in_process=True))
+    proc = run_in_engine_env([str(HERE / "smoke_generate.py")], timeout_s=300, env=cpu_engine_env(1))
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_RESULT ")]
     assert len(lines) == 1, proc.stdout[-4000:]
