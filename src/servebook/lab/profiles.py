@@ -42,6 +42,15 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         # L4: KV dtypes compared on the same workload.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 16, "input_len": 64, "output_len": 32,
                "max_model_len": 1024, "gpu_memory_utilization": None, "max_num_seqs": 64},
+        # L6: servebook.lab.prefix.PrefixWorkload shapes (tokens); a 40-block pool holds the
+        # serving workloads but not the 8 offline prefixes of 6 blocks (so order matters there).
+        "l6": {"system": {"num_requests": 8, "system_prompt_tokens": 384, "suffix_tokens": 64, "output_tokens": 8},
+               "rag": {"num_requests": 8, "system_prompt_tokens": 128, "num_documents": 2, "document_tokens": 256,
+                       "suffix_tokens": 32, "output_tokens": 8},
+               "offline": {"num_requests": 24, "system_prompt_tokens": 0, "num_documents": 8,
+                           "document_tokens": 768, "suffix_tokens": 48, "output_tokens": 4},
+               "offline_concurrency": 1, "num_gpu_blocks_override": 40, "max_model_len": 1024,
+               "max_num_batched_tokens": 4096, "max_num_seqs": 16},
     },
     "gpu": {
         "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
@@ -51,6 +60,15 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         # L4: a small utilisation so that the KV pool, not compute, limits the batch.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 512, "input_len": 1024, "output_len": 256,
                "max_model_len": 4096, "gpu_memory_utilization": 0.25, "max_num_seqs": 256},
+        # L6: 40,000 blocks of 16 tokens hold the serving workloads with caching off; the 64
+        # offline prefixes of 12,288 tokens (49,152 blocks) do not fit at once.
+        "l6": {"system": {"num_requests": 256, "system_prompt_tokens": 2048, "suffix_tokens": 256, "output_tokens": 64},
+               "rag": {"num_requests": 192, "system_prompt_tokens": 512, "num_documents": 8, "document_tokens": 2048,
+                       "suffix_tokens": 128, "output_tokens": 64},
+               "offline": {"num_requests": 192, "system_prompt_tokens": 0, "num_documents": 64,
+                           "document_tokens": 12288, "suffix_tokens": 64, "output_tokens": 16},
+               "offline_concurrency": 8, "num_gpu_blocks_override": 40000, "max_model_len": 16384,
+               "max_num_batched_tokens": 8192, "max_num_seqs": 256},
     },
 }
 
