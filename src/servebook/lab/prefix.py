@@ -190,3 +190,12 @@ def shared_prefix_hit_tokens(workload: PrefixWorkload, block_size: int) -> int:
     shared = w.system_prompt_tokens + (w.document_tokens if w.num_documents else 0)
     firsts = min(w.num_documents, w.num_requests) if w.num_documents else 1   # requests opening a new prefix
     return (firsts - 1) * (w.system_prompt_tokens // b) * b + (w.num_requests - firsts) * (shared // b) * b
+
+
+def offline_requests(prompts: Sequence[Sequence[int]], max_tokens: int, *, id_prefix: str = "p"):
+    """The prompts as the batch driver's requests (:class:`servebook.batch.requests.BatchRequest`):
+    ids ``<id_prefix>000000``..., greedy, ``ignore_eos`` so each generates exactly ``max_tokens``."""
+    from servebook.batch.requests import BatchRequest
+
+    return [BatchRequest(id=f"{id_prefix}{i:06d}", line=i + 1, max_tokens=max_tokens, prompt_token_ids=tuple(p),
+                         sampling={"temperature": 0, "ignore_eos": True}) for i, p in enumerate(prompts)]
