@@ -1,0 +1,173 @@
+"""Measure speculative decoding with offline ``LLM`` engines: wall time, outputs, spec-decode counters.
+
+Parent side: :func:`measure_speculation` runs a list of jobs in the engine's Python under
+the engine lock (``isolate=True``: a fresh process per job, as a GPU needs to give memory
+back). Child side: ``python -m servebook.lab.speculative_run JOBS.json OUT.json``.
+
+A job is ``{"name", "engine_args", "prompts", "max_tokens", "batch_sizes", "repeats",
+"keep_outputs"}``: one ``LLM(**engine_args, disable_log_stats=False)``, then for each batch
+size ``b`` the first ``b`` prompts (token ids) generated together, greedy (temperature 0,
+``ignore_eos``: every request makes exactly ``max_tokens`` tokens), ``repeats`` times
+(the fastest kept). Around each generate call the engine's own counters are read with
+``LLM.get_metrics()`` (vLLM 0.27.1, ``vllm/v1/spec_decode/metrics.py``):
+``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
+``vllm:spec_decode_num_accepted_tokens`` and the vector
+``vllm:spec_decode_num_accepted_tokens_per_pos``; the deltas are the job's counts.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+# ---------------------------------------------------------------------------
+# Child side (engine's Python)
+
+
+def _snapshot(llm) -> dict:
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out = {key: 0 for key in COUNTERS}
+    per_pos: list[int] = []
+    for m in llm.get_metrics():
+        for key, name in COUNTERS.items():
+            if m.name == name and isinstance(m, Counter):
+                out[key] += m.value
+        if m.name == PER_POSITION and isinstance(m, Vector):
+            per_pos = [a + b for a, b in zip(per_pos, m.values)] if per_pos else list(m.values)
+    out["accepted_per_position"] = per_pos
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    out = {key: after[key] - before[key] for key in COUNTERS}
+    b, a = before["accepted_per_position"], after["accepted_per_position"]
+    out["accepted_per_position"] = [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+    return out
+
+
+def run_job(job: dict) -> dict:
+    """One engine, every batch size of ``job``; see the module docstring."""
+    from vllm import LLM, SamplingParams
+
+    args = dict(job["engine_args"])
+    args.setdefault("disable_log_stats", False)
+    t0 = time.perf_counter()
+    llm = LLM(**args)
+    startup_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True,
+                            detokenize=False)
+    prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    points = []
+    try:
+        for b in job["batch_sizes"]:
+            if b > len(prompts):
+                raise ValueError(f"batch {b} needs {b} prompts; the job has {len(prompts)}")
+            best = None
+            for _ in range(int(job.get("repeats", 1))):
+                before = _snapshot(llm)
+                t1 = time.perf_counter()
+                outs = llm.generate(prompts[:b], params, use_tqdm=False)
+                wall = time.perf_counter() - t1
+                counts = _delta(before, _snapshot(llm))
+                if best is None or wall < best["wall_s"]:
+                    tokens = [list(o.outputs[0].token_ids) for o in outs]
+                    best = {"batch": b, "wall_s": wall, "output_tokens": sum(len(t) for t in tokens),
+                            "counters": counts}
+                    if job.get("keep_outputs"):
+                        best["outputs"] = tokens
+            points.append(best)
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        del llm
+        gc.collect()
+    return {"startup_s": startup_s, "points": points}
+
+
+def main(jobs_path: str, out_path: str) -> None:
+    jobs = json.loads(open(jobs_path).read())
+    results = []
+    for job in jobs:
+        print(f"== {job['name']}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = {"name": job["name"], "ok": True, "error": "", **run_job(job)}
+        except Exception as exc:  # noqa: BLE001  (report, go on with the next job)
+            traceback.print_exc()
+            res = {"name": job["name"], "ok": False, "error": f"{type(exc).__name__}: {exc}", "points": []}
+        res["wall_s"] = time.perf_counter() - t0
+        results.append(res)
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+# ---------------------------------------------------------------------------
+# Parent side (book's Python)
+
+
+def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s: float = 900,
+                        isolate: bool = False) -> list[dict]:
+    """Run ``jobs`` in the engine's Python; one result per job, in order.
+
+    Each result: ``{"name", "ok", "error", "startup_s", "wall_s", "points": [{"batch",
+    "wall_s", "output_tokens", "counters": {"drafts", "draft_tokens", "accepted_tokens",
+    "accepted_per_position"}, "outputs"?}], "log"}``. A job that fails has ``ok`` False and
+    its error; the others still run. Raises :class:`~servebook.lab.errors.LabError` when a
+    child dies without reporting or runs past ``timeout_s``.
+    """
+    from servebook.engine_env import REPO_ROOT, vllm_python
+    from servebook.lab.errors import LabError
+    from servebook.lab.server import kill_group, timed_engine_lock
+
+    env = dict(env or os.environ)
+    src = str(REPO_ROOT / "src")
+    if src not in env.get("PYTHONPATH", ""):
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    batches = [[j] for j in jobs] if isolate else [list(jobs)]
+    results: list[dict] = []
+    with timed_engine_lock():
+        for batch in batches:
+            with tempfile.TemporaryDirectory(prefix="servebook-spec-") as tmp:
+                jobs_path, out_path = os.path.join(tmp, "jobs.json"), os.path.join(tmp, "out.json")
+                with open(jobs_path, "w") as f:
+                    json.dump(batch, f)
+                proc = subprocess.Popen([str(vllm_python()), "-m", "servebook.lab.speculative_run", jobs_path,
+                                         out_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                try:
+                    log, _ = proc.communicate(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    kill_group(proc.pid, 5)
+                    raise LabError(f"speculative-decoding jobs ran past {timeout_s:.0f} s; raise timeout_s "
+                                   "or shrink the workload (fewer prompts, batch sizes or tokens)") from None
+                finally:
+                    kill_group(proc.pid, 5)
+                got = json.loads(open(out_path).read()) if os.path.exists(out_path) else []
+                if len(got) < len(batch):
+                    raise LabError(f"the engine process exited with status {proc.returncode} after reporting "
+                                   f"{len(got)} of {len(batch)} jobs; its last output:\n{log[-2000:]}")
+                for res in got:
+                    res["log"] = log
+                results += got
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
