@@ -66,7 +66,8 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                                    "num_key_value_heads": 1, "intermediate_size": 192}},
                "dtype": "float32", "num_prompts": 8, "max_tokens": 32, "batch_sizes": [1, 8], "ks": [2, 4],
                "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4, "schedule": [[1, 1, 4], [2, 16, 1]],
-               "max_model_len": 512, "max_num_seqs": 16, "repeats": 1},
+               "max_model_len": 512, "max_num_seqs": 16, "repeats": 1, "gpu_memory_utilization": None,
+               "enforce_eager": True},
     },
     "gpu": {
         "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
@@ -92,15 +93,16 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "max_num_batched_tokens": 8192, "max_num_seqs": 256},
         # L7: a ~63 M-parameter target and a ~6 M draft trained on the stdlib for a few minutes (bf16
         # autocast); the schedule comes from servebook.perf.speculative.k_schedule (schedule None).
-        "l7": {"train": {"vocab_size": 8192, "seq_len": 512, "batch_size": 32, "steps": 1500, "lr": 0.001,
+        "l7": {"train": {"vocab_size": 8192, "seq_len": 512, "batch_size": 32, "steps": 1200, "lr": 0.001,
                          "corpus_bytes": 10_000_000, "corpus_recursive": True,
                          "target": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 12,
                                     "num_key_value_heads": 4, "intermediate_size": 2048},
                          "draft": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                                    "num_key_value_heads": 2, "intermediate_size": 768}},
-               "dtype": "bfloat16", "num_prompts": 128, "max_tokens": 128, "batch_sizes": [1, 4, 16, 64, 128],
-               "ks": [1, 2, 3, 4, 6], "ngram_ks": [2, 4], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
-               "schedule": None, "max_model_len": 2048, "max_num_seqs": 128, "repeats": 2},
+               "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 4, 16, 64],
+               "ks": [1, 2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+               "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 2,
+               "gpu_memory_utilization": 0.5, "enforce_eager": False},
     },
 }
 

@@ -6,7 +6,7 @@ back). Child side: ``python -m servebook.lab.speculative_run JOBS.json OUT.json`
 
 A job is ``{"name", "engine_args", "prompts", "max_tokens", "batch_sizes", "repeats",
 "keep_outputs"}``: one ``LLM(**engine_args, disable_log_stats=False)``, then for each batch
-size ``b`` the first ``b`` prompts (token ids) generated together, greedy (temperature 0,
+size ``b`` the first ``b`` prompts (token-id lists, or text) generated together, greedy (temperature 0,
 ``ignore_eos``: every request makes exactly ``max_tokens`` tokens), ``repeats`` times
 (the fastest kept). Around each generate call the engine's own counters are read with
 ``LLM.get_metrics()`` (vLLM 0.27.1, ``vllm/v1/spec_decode/metrics.py``):
@@ -31,6 +31,68 @@ COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def acceptance_summary(drafts: float, draft_tokens: float, accepted: float, per_position=None) -> dict:
+    """Acceptance figures from vLLM's spec-decode counters (deltas over one workload).
+
+    Args:
+        drafts: ``vllm:spec_decode_num_drafts`` (sequence-steps that carried drafts).
+        draft_tokens: ``vllm:spec_decode_num_draft_tokens``.
+        accepted: ``vllm:spec_decode_num_accepted_tokens``.
+        per_position: ``vllm:spec_decode_num_accepted_tokens_per_pos`` (list, position 0 first).
+
+    Returns:
+        ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length`` (tokens a drafted
+        step emits: 1 + accepted / drafts), and ``first_position_acceptance`` (position 0
+        accepted / drafts: the per-token acceptance of the first draft) when ``per_position``
+        is given. None where a denominator is 0.
+    """
+    from servebook.errors import ServebookError
+
+    if min(drafts, draft_tokens, accepted) < 0:
+        raise ServebookError("spec-decode counters cannot be negative: take deltas after minus before")
+    if accepted > draft_tokens:
+        raise ServebookError(f"{accepted} accepted tokens exceed {draft_tokens} drafted: wrong counters")
+    out = {
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+    }
+    if per_position is not None:
+        out["accepted_per_position"] = list(per_position)
+        out["first_position_acceptance"] = per_position[0] / drafts if drafts and len(per_position) else None
+    return out
+
+
+def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float) -> float:
+    """Tokens each sequence gained per engine step, drafted or not: ``output / (output - accepted)``.
+
+    Every step gives each running sequence one token of the target's own plus the drafts it
+    accepted, so ``output_tokens - accepted_tokens`` is the number of sequence-steps. Steps
+    without drafts (an n-gram that finds no match) count, which the counters' mean acceptance
+    length leaves out.
+    """
+    from servebook.errors import ServebookError
+
+    if not 0 <= accepted_tokens < output_tokens:
+        raise ServebookError(f"need 0 <= accepted ({accepted_tokens}) < output tokens ({output_tokens})")
+    return output_tokens / (output_tokens - accepted_tokens)
+
+
+def summed_counters(points: list[dict]) -> dict:
+    """A job's spec-decode counters summed over its batch sizes (and its output tokens)."""
+    out = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": [], "output_tokens": 0}
+    for p in points:
+        c = p["counters"]
+        for key in ("drafts", "draft_tokens", "accepted_tokens"):
+            out[key] += c[key]
+        per = c["accepted_per_position"]
+        have = out["accepted_per_position"]
+        out["accepted_per_position"] = [(have[i] if i < len(have) else 0) + (per[i] if i < len(per) else 0)
+                                        for i in range(max(len(have), len(per)))]
+        out["output_tokens"] += p["output_tokens"]
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -70,7 +132,7 @@ def run_job(job: dict) -> dict:
     startup_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True,
                             detokenize=False)
-    prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
+    prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     points = []
     try:

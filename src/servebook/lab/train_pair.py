@@ -147,36 +147,6 @@ def read_text(files: list[Path], max_bytes: int | None = None) -> str:
     return text[:max_bytes] if max_bytes else text
 
 
-def acceptance_summary(drafts: float, draft_tokens: float, accepted: float, per_position=None) -> dict:
-    """Acceptance figures from vLLM's spec-decode counters (deltas over one workload).
-
-    Args:
-        drafts: ``vllm:spec_decode_num_drafts`` (sequence-steps that carried drafts).
-        draft_tokens: ``vllm:spec_decode_num_draft_tokens``.
-        accepted: ``vllm:spec_decode_num_accepted_tokens``.
-        per_position: ``vllm:spec_decode_num_accepted_tokens_per_pos`` (list, position 0 first).
-
-    Returns:
-        ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length`` (tokens a drafted
-        step emits: 1 + accepted / drafts), and ``first_position_acceptance`` (position 0
-        accepted / drafts: the per-token acceptance of the first draft) when ``per_position``
-        is given. None where a denominator is 0.
-    """
-    if min(drafts, draft_tokens, accepted) < 0:
-        raise ServebookError("spec-decode counters cannot be negative: take deltas after minus before")
-    if accepted > draft_tokens:
-        raise ServebookError(f"{accepted} accepted tokens exceed {draft_tokens} drafted: wrong counters")
-    out = {
-        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-    }
-    if per_position is not None:
-        out["accepted_per_position"] = list(per_position)
-        out["first_position_acceptance"] = per_position[0] / drafts if drafts and len(per_position) else None
-    return out
-
-
 # ---------------------------------------------------------------------------
 # Torch parts (engine's Python)
 
