@@ -23,7 +23,8 @@ exactly the parts they are meant to share (nothing more by chance).
 
 :func:`predict_prefix_cache` applies that rule to prompts in admission order, with an
 unlimited cache or with a pool of ``pool_blocks`` blocks evicted least-recently-used first
-(requests one at a time, freed tail block first as ``KVCacheManager.free`` does).
+(requests one at a time, freed tail block first as ``KVCacheManager.free`` does; a block
+that holds no full block's hash goes to the front of the free queue, ``BlockPool.free_blocks``).
 """
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def predict_prefix_cache(prompts: Sequence[Sequence[int]], block_size: int, *, o
     depend on how many requests run at once). Otherwise the pool's free blocks (KV blocks less
     vLLM's one null block), requests run one at a time, each holding
     ``ceil((prompt + output_tokens - 1) / block_size)`` blocks (the last sampled token is never
-    written), then freeing them tail first; new blocks evict the least recently freed.
+    written), then freeing them tail first (a partly filled block first of all); new blocks
+    evict the least recently freed.
     Raises :class:`LabError` when one request does not fit the pool.
     """
     hits_per_request: list[int] = []
@@ -171,8 +173,13 @@ def predict_prefix_cache(prompts: Sequence[Sequence[int]], block_size: int, *, o
         for j in range(hit_blocks, written // block_size):   # new full blocks become cached
             key = keys[j] if j < len(keys) else hashlib.blake2b(b"output|%d|%d" % (number, j)).digest()
             cached[key], key_of[held[j]] = held[j], key
-        for b in reversed(held):                     # freed tail first: evicted first
-            free[b] = None
+        freed = list(reversed(held))                 # KVCacheManager.free: tail block first
+        for b in freed:
+            if b in key_of:
+                free[b] = None                       # cached blocks join the LRU tail
+        for b in reversed([b for b in freed if b not in key_of]):
+            free[b] = None                           # blocks without a hash go to the front:
+            free.move_to_end(b, last=False)          # reused before any cached block
     return PrefixCachePrediction(block_size=block_size, hit_tokens_per_request=tuple(hits_per_request),
                                  query_tokens=sum(len(p) for p in prompts), hit_tokens=sum(hits_per_request),
                                  pool_blocks=pool_blocks)

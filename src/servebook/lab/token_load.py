@@ -1,61 +1,22 @@
-"""Send token-id prompts to a running ``vllm serve`` and time each one (TTFT, latency).
+"""Send many token-id prompts to a running ``vllm serve`` at once and time each (TTFT, latency).
 
 ``vllm bench serve`` sends text, which the server tokenizes again (adding BOS and merging
 tokens across the boundary between a shared prefix and a suffix), so the token ids the
 prefix cache sees are not the ones the benchmark generated. A prefix-caching prediction
-needs the exact ids: :func:`stream_token_prompts` posts them as ``/v1/completions``
-prompts (a list of token ids), streamed, ``ignore_eos`` so every request generates exactly
-``max_tokens`` tokens, with up to ``max_concurrency`` requests in flight (threads,
-standard library only). TTFT is the time from sending a request to its first streamed
-chunk that carries a choice.
+needs the exact ids: :func:`stream_token_prompts` sends them with Lab 5's streaming client
+(:func:`servebook.lab.itl.stream_completion`: ``/v1/completions`` with a token-id prompt,
+``stream``, ``ignore_eos``, greedy), up to ``max_concurrency`` requests in flight (one
+thread each), and summarises the per-request times. TTFT is the time from sending a
+request to its first chunk that carries a token.
 """
 from __future__ import annotations
 
-import json
 import statistics
-import threading
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from servebook.lab.errors import LabError
-
-
-def _one(url: str, model: str, prompt: Sequence[int], max_tokens: int, timeout_s: float, t_zero: float) -> dict:
-    body = json.dumps({"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    start = time.perf_counter()
-    first = None
-    usage: dict = {}
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if first is None and chunk.get("choices"):
-                    first = time.perf_counter()
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-    except urllib.error.HTTPError as exc:
-        raise LabError(f"{url} answered {exc.code}: {exc.read()[:400]!r}; check the model name and the prompt "
-                       "length against --max-model-len") from None
-    except urllib.error.URLError as exc:
-        raise LabError(f"cannot reach {url} ({exc.reason}); is the server still running?") from None
-    end = time.perf_counter()
-    if first is None:
-        raise LabError(f"{url} streamed no token for a {len(prompt)}-token prompt")
-    return {"prompt_tokens": usage.get("prompt_tokens", len(prompt)),
-            "output_tokens": usage.get("completion_tokens", 0),
-            "ttft_s": first - start, "latency_s": end - start, "start_s": start - t_zero}
+from servebook.lab.itl import StreamRecord, stream_completion
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -68,7 +29,7 @@ def stream_token_prompts(base_url: str, model: str, prompts: Sequence[Sequence[i
     """Send every prompt (token ids) at once, at most ``max_concurrency`` in flight; time each.
 
     Returns ``{"requests": [...], "summary": {...}}``: per request ``prompt_tokens``,
-    ``output_tokens`` (the server's usage), ``ttft_s``, ``latency_s``, ``start_s`` (seconds
+    ``output_tokens`` (token ids streamed), ``ttft_s``, ``latency_s``, ``start_s`` (seconds
     after the first send), in the order of ``prompts``; the summary has ``duration_s`` (first
     send to last answer), ``completed``, ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``,
     ``mean_latency_s``, ``output_throughput`` and ``total_token_throughput`` (tokens/s over
@@ -77,21 +38,22 @@ def stream_token_prompts(base_url: str, model: str, prompts: Sequence[Sequence[i
     """
     if not prompts:
         raise LabError("no prompts to send")
-    url = base_url.rstrip("/") + "/v1/completions"
     workers = min(len(prompts), max_concurrency or len(prompts))
-    t_zero = time.perf_counter()
-    lock = threading.Lock()
-    ends: list[float] = []
+    records = [StreamRecord(name=f"r{i}", prompt_tokens=len(p), max_tokens=max_tokens) for i, p in enumerate(prompts)]
 
-    def run(prompt):
-        row = _one(url, model, prompt, max_tokens, timeout_s, t_zero)
-        with lock:
-            ends.append(row["start_s"] + row["latency_s"])
-        return row
+    def run(i: int) -> StreamRecord:
+        return stream_completion(base_url, model, list(prompts[i]), records[i], timeout_s=timeout_s)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        rows = list(pool.map(run, prompts))
-    duration = max(ends)
+        list(pool.map(run, range(len(prompts))))
+    failed = [r for r in records if r.error or not r.arrivals_s]
+    if failed:
+        raise LabError(f"{len(failed)} of {len(records)} requests failed; first: {failed[0].error or 'no token streamed'}; "
+                       "check the model name and the prompt length against --max-model-len")
+    t_zero = min(r.send_s for r in records)
+    rows = [{"prompt_tokens": r.prompt_tokens, "output_tokens": r.tokens, "ttft_s": r.ttft_s,
+             "latency_s": r.arrivals_s[-1] - r.send_s, "start_s": r.send_s - t_zero} for r in records]
+    duration = max(r.arrivals_s[-1] for r in records) - t_zero
     ttfts = [r["ttft_s"] for r in rows]
     out_tokens = sum(r["output_tokens"] for r in rows)
     in_tokens = sum(r["prompt_tokens"] for r in rows)
