@@ -82,14 +82,14 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "long_prompt_tokens": 8000, "long_output_tokens": 2, "max_model_len": 8192, "max_num_seqs": 64,
                "max_num_batched_tokens": [128, 256, 512, 2048], "unchunked_max_num_batched_tokens": 8192,
                "repeats": 3, "enforce_eager": False},
-        # L6: 40,000 blocks of 16 tokens hold the serving workloads with caching off; the 64
-        # offline prefixes of 12,288 tokens (49,152 blocks) do not fit at once.
-        "l6": {"system": {"num_requests": 256, "system_prompt_tokens": 2048, "suffix_tokens": 256, "output_tokens": 64},
-               "rag": {"num_requests": 192, "system_prompt_tokens": 512, "num_documents": 8, "document_tokens": 2048,
+        # L6: 20,000 blocks of 16 tokens hold the serving workloads with caching off; the 64
+        # offline prefixes of 8,192 tokens (32,768 blocks) do not fit at once.
+        "l6": {"system": {"num_requests": 128, "system_prompt_tokens": 2048, "suffix_tokens": 256, "output_tokens": 64},
+               "rag": {"num_requests": 96, "system_prompt_tokens": 512, "num_documents": 8, "document_tokens": 2048,
                        "suffix_tokens": 128, "output_tokens": 64},
                "offline": {"num_requests": 192, "system_prompt_tokens": 0, "num_documents": 64,
-                           "document_tokens": 12288, "suffix_tokens": 64, "output_tokens": 16},
-               "offline_concurrency": 8, "num_gpu_blocks_override": 40000, "max_model_len": 16384,
+                           "document_tokens": 8192, "suffix_tokens": 64, "output_tokens": 16},
+               "offline_concurrency": 8, "num_gpu_blocks_override": 20000, "max_model_len": 16384,
                "max_num_batched_tokens": 8192, "max_num_seqs": 256},
         # L7: a ~63 M-parameter target and a ~6 M draft trained on the stdlib for a few minutes (bf16
         # autocast); the schedule comes from servebook.perf.speculative.k_schedule (schedule None).
