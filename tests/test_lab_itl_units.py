@@ -235,3 +235,32 @@ def test_predicted_trade_off_on_h200():
     assert min(small["step_s"]) >= small["decode_step_s"]
     # the TTFT is the sum of the prefill steps plus the per-request overhead
     assert small["ttft_s"] == pytest.approx(sum(small["step_s"]) + coeffs.request_overhead_s)
+
+
+# --------------------------------------------------------------------------- histogram buckets
+METRICS_PAGE = """\
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 2.0
+vllm:iteration_tokens_total_bucket{engine="0",le="64.0",model_name="m"} 20.0
+vllm:iteration_tokens_total_bucket{engine="0",le="1024.0",model_name="m"} 21.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 21.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 21.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 1500.0
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_histogram_buckets_by_hand():
+    from servebook.lab.histogram import buckets_delta, count_above, histogram_buckets
+
+    buckets = histogram_buckets(METRICS_PAGE, "vllm:iteration_tokens_total")
+    assert buckets == {1.0: 2.0, 64.0: 20.0, 1024.0: 21.0, math.inf: 21.0}
+    assert count_above(buckets, 64.0) == 1.0 and count_above(buckets, 1024.0) == 0.0
+    with pytest.raises(LabError, match="bucket bound"):
+        count_above(buckets, 100.0)
+    earlier = {1.0: 2.0, 64.0: 15.0, 1024.0: 15.0, math.inf: 15.0}
+    assert buckets_delta(earlier, buckets) == {1.0: 0.0, 64.0: 5.0, 1024.0: 6.0, math.inf: 6.0}
+    assert histogram_buckets(METRICS_PAGE, "vllm:time_to_first_token_seconds") == {}

@@ -59,6 +59,18 @@ def test_chunked_steps_never_exceed_the_budget(doc):
     assert all(t == budget - N and decodes == N for t, _, decodes in chunks[:-1])
 
 
+def test_iteration_tokens_histogram_books_the_chunked_prompt_whole(doc):
+    # vllm:iteration_tokens_total, scraped around the run: although no step of the chunked engine
+    # exceeded its budget (above), the histogram holds an observation of more than 512 tokens —
+    # the 930-token prompt, counted in the step where its first token came out.
+    w = doc["measurements"]["workload"]
+    config = _config(doc, True)
+    assert w["long_prompt_tokens"] > 512 >= config["max_num_batched_tokens"]
+    buckets = config["first_run"]["iteration_tokens_buckets"]
+    assert buckets["inf"] - buckets["512.0"] >= 1
+    assert max(s["total"] for s in config["first_run"]["steps"]) <= config["max_num_batched_tokens"]
+
+
 def test_unchunked_prompt_goes_in_one_step(doc):
     w = doc["measurements"]["workload"]
     config = _config(doc, False)
