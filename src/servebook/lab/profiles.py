@@ -77,10 +77,10 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         # L4: a small utilisation so that the KV pool, not compute, limits the batch.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 512, "input_len": 1024, "output_len": 256,
                "max_model_len": 4096, "gpu_memory_utilization": 0.25, "max_num_seqs": 256},
-        # L5: 32 decodes, an 8000-token prompt; 5 engines with CUDA graphs (~60-90 s start each).
+        # L5: 32 decodes, an 8000-token prompt; 4 engines with CUDA graphs (~60-90 s start each).
         "l5": {"decode_requests": 32, "decode_prompt_tokens": 512, "decode_output_tokens": 256, "warm_tokens": 16,
                "long_prompt_tokens": 8000, "long_output_tokens": 2, "max_model_len": 8192, "max_num_seqs": 64,
-               "max_num_batched_tokens": [128, 256, 512, 2048], "unchunked_max_num_batched_tokens": 8192,
+               "max_num_batched_tokens": [128, 256, 1024], "unchunked_max_num_batched_tokens": 8192,
                "repeats": 3, "enforce_eager": False},
         # L6: 20,000 blocks of 16 tokens hold the serving workloads with caching off; the 64
         # offline prefixes of 8,192 tokens (32,768 blocks) do not fit at once.
