@@ -27,7 +27,8 @@ LAB_TIMEOUT_S=${LAB_TIMEOUT_S:-570}
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export SERVEBOOK_LAB_PROFILE=gpu SERVEBOOK_LAB_RESULTS="$OUT" MPLBACKEND=Agg
 export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine.lock}
-declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv)
+declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
+                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching)
 
 plan() {
   cat <<'PLAN'
@@ -41,7 +42,12 @@ recorded 20-90 s engine starts; every lab is capped at 570 s):
                      bench 512 prompts (512 in/128 out) at each               ~4-5 min
   l4 fp8 KV          2 vllm serve (graphs, utilisation 0.25), auto vs fp8,
                      bench 512 prompts (1024 in/256 out) each                 ~3.5-4.5 min
-  total device time for the labs: about 17-21 min, plus ~3 min install (shared/gpu/README.md)
+  l5 chunked prefill 4 vllm serve (graphs), budgets 128/256/1024 + chunking off,
+                     32 decodes + one 8000-token prompt, 3 repeats each       ~5-7 min
+  l6 prefix caching  2 vllm serve (graphs), 20,000-block pool, 128 + 96 token-id
+                     requests each, offline 192 requests in two orders        ~5-6 min
+  total device time for l1-l4: about 17-21 min, plus ~3 min install (shared/gpu/README.md);
+  l5 and l6 add about 10-13 min: one 30-minute session cannot hold all six.
 PLAN
 }
 
@@ -59,7 +65,7 @@ PY
 
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
-  if [ -z "$file" ]; then echo "unknown lab '$key'; use l1 l2 l3 l4 plan check" >&2; return 2; fi
+  if [ -z "$file" ]; then echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 plan check" >&2; return 2; fi
   mkdir -p "$OUT"
   echo "=== $key ($file) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
