@@ -1,0 +1,350 @@
+"""Tensor parallelism vs data parallelism on two GPUs: predictions, replicas and combined results.
+
+Lab 9 (``labs/l9_tp_vs_dp.md``) serves one model three ways on two GPUs — one GPU (TP=1), one
+replica split over both (TP=2), and two independent replicas (DP, one ``vllm serve`` per GPU
+pinned with ``CUDA_VISIBLE_DEVICES``) — and compares what the library predicts with what the
+engines log and measure. This module holds the parts that are not the notebook's prose:
+
+* :func:`predicted_configs` — per configuration: KV budget and capacity per GPU (the memory model
+  and :func:`servebook.kv_cache.capacity` with the KV heads sharded over ``tp``), decode step and
+  all-reduce time (the performance model), saturation throughput (:func:`servebook.perf.fleet.plan`)
+  and single-stream TTFT/TPOT.
+* :func:`logged_capacity` — the calculator's block and token counts from a logged
+  ``Available KV cache memory`` (exact arithmetic, unlike the budget).
+* :func:`split_prompts`, :func:`replica_envs`, :func:`running_replicas`, :func:`bench_replicas` —
+  two servers, one per GPU, and the same load split between them.
+* :func:`combine_bench_runs` — one summary over the replicas' requests (throughput over the longest
+  run, TTFT/TPOT over all requests).
+* :func:`allreduce_rows` — recorded TP=1 and TP=2 decode step times side by side with the
+  performance model's all-reduce term.
+
+Units: ``*_bytes`` bytes, ``*_tokens`` tokens, ``*_s`` seconds, ``*_ms`` milliseconds.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from servebook.errors import ServebookError
+from servebook.lab.errors import LabError
+from servebook.model_spec import ModelSpec
+
+GIB = 2**30
+
+
+# ----------------------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class ParallelSetup:
+    """Engine settings shared by every configuration of the comparison.
+
+    Attributes:
+        gpu: catalogue name of the GPU (e.g. ``"H200"``).
+        max_model_len: ``--max-model-len``, tokens.
+        max_num_seqs: ``--max-num-seqs``.
+        max_num_batched_tokens: ``--max-num-batched-tokens``, tokens per step.
+        gpu_memory_utilization: ``--gpu-memory-utilization`` of every engine.
+        enforce_eager: ``--enforce-eager`` (no CUDA graphs).
+        input_len / output_len: tokens per request of the load.
+        num_prompts: requests of the saturation load (split between replicas under DP).
+    """
+
+    gpu: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    input_len: int
+    output_len: int
+    num_prompts: int
+
+
+#: The configurations compared: (name, tensor-parallel size, replicas, GPUs in all).
+CONFIGS = (("TP=1", 1, 1, 1), ("TP=2", 2, 1, 2), ("DP=2", 1, 2, 2))
+
+
+def split_prompts(num_prompts: int, replicas: int) -> list[int]:
+    """Requests per replica when ``num_prompts`` are spread evenly (the first ones get the remainder).
+
+    >>> split_prompts(5, 2)
+    [3, 2]
+    """
+    if replicas < 1 or num_prompts < replicas:
+        raise LabError(f"cannot split {num_prompts} requests over {replicas} replicas; "
+                       "use at least one request per replica")
+    base, extra = divmod(num_prompts, replicas)
+    return [base + (1 if i < extra else 0) for i in range(replicas)]
+
+
+def predicted_configs(spec: ModelSpec, setup: ParallelSetup, coeffs) -> list[dict]:
+    """What the library predicts for TP=1, TP=2 and two TP=1 replicas (one row per configuration).
+
+    Each row: ``config``, ``tp``, ``replicas``, ``gpus``; per GPU ``weights_gib``,
+    ``available_kv_bytes`` (memory model), ``kv_bytes_per_token`` (KV heads sharded over ``tp``),
+    ``num_gpu_blocks``, ``kv_cache_tokens`` and ``max_concurrency`` (the engine's two log lines);
+    ``tokens_in_kv_all_replicas`` (what the whole deployment holds); ``decode_step_s`` and
+    ``allreduce_s`` for one decode step at ``max_num_seqs`` sequences of mean context
+    ``input_len + output_len / 2``; ``single_stream_ttft_s`` (one prompt alone) and
+    ``single_stream_tpot_s`` (a batch-1 decode step); ``output_tokens_per_s`` at saturation for
+    ``num_prompts`` requests (all replicas together, :func:`servebook.perf.fleet.plan`).
+    """
+    from servebook.kv_cache import capacity
+    from servebook.memory import memory_budget, weights_bytes_per_gpu
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import cudagraph_max_tokens, decode_step, prefill_request_s
+
+    g = gpu_numbers(setup.gpu)
+    graph_max = cudagraph_max_tokens(setup.max_num_seqs, setup.max_num_batched_tokens,
+                                     enforce_eager=setup.enforce_eager)
+    context = setup.input_len + setup.output_len / 2
+    workload = Workload(setup.num_prompts, LengthDistribution.fixed(setup.input_len),
+                        LengthDistribution.fixed(setup.output_len))
+    rows = []
+    for name, tp, replicas, gpus in CONFIGS:
+        budget = memory_budget(spec, gpu_memory_bytes=int(g.memory_bytes),
+                               max_num_batched_tokens=setup.max_num_batched_tokens,
+                               max_num_seqs=setup.max_num_seqs,
+                               gpu_memory_utilization=setup.gpu_memory_utilization, tp=tp,
+                               enforce_eager=setup.enforce_eager)
+        cap = capacity(spec, budget.available_kv_bytes, max_model_len=setup.max_model_len,
+                       max_num_batched_tokens=setup.max_num_batched_tokens, tp=tp, device="cuda")
+        step = decode_step(spec, setup.gpu, coeffs, batch=setup.max_num_seqs, context_tokens=context, tp=tp,
+                           cudagraph_max_tokens=graph_max)
+        fleet = plan(workload, Deployment(name=name, spec=spec, gpu=setup.gpu, gpus=gpus, tp=tp,
+                                          max_num_seqs=setup.max_num_seqs,
+                                          max_num_batched_tokens=setup.max_num_batched_tokens,
+                                          gpu_memory_utilization=setup.gpu_memory_utilization,
+                                          kv_budget_bytes_per_gpu=budget.available_kv_bytes,
+                                          cudagraph_max_tokens=graph_max), coeffs)
+        rows.append({
+            "config": name, "tp": tp, "replicas": replicas, "gpus": gpus,
+            "weights_gib": weights_bytes_per_gpu(spec, tp) / GIB,
+            "available_kv_bytes": budget.available_kv_bytes,
+            "available_kv_gib": budget.available_kv_bytes / GIB,
+            "coefficients": budget.coefficients_status,
+            "kv_bytes_per_token": cap.layout.kv_bytes_per_token,
+            "block_size": cap.block_size,
+            "num_gpu_blocks": cap.num_gpu_blocks,
+            "kv_cache_tokens": cap.kv_cache_tokens,
+            "max_concurrency": cap.max_concurrency,
+            "tokens_in_kv_all_replicas": cap.kv_cache_tokens * replicas,
+            "decode_batch": setup.max_num_seqs, "decode_context_tokens": context,
+            "decode_step_s": step.step_s, "allreduce_s": step.allreduce_s,
+            "single_stream_ttft_s": prefill_request_s(spec, setup.gpu, coeffs, prompt_tokens=setup.input_len,
+                                                      max_num_batched_tokens=setup.max_num_batched_tokens, tp=tp),
+            "single_stream_tpot_s": decode_step(spec, setup.gpu, coeffs, batch=1, context_tokens=context, tp=tp,
+                                                cudagraph_max_tokens=graph_max).step_s,
+            "fleet_batch": fleet.batch, "fleet_step_s": fleet.step_s,
+            "output_tokens_per_s": fleet.output_tokens_per_s,
+            "notes": list(fleet.notes),
+        })
+    return rows
+
+
+def logged_capacity(spec: ModelSpec, available_kv_gib: float, *, tp: int, max_model_len: int,
+                    max_num_batched_tokens: int) -> dict:
+    """The calculator's blocks, tokens and concurrency from a logged ``Available KV cache memory`` (GiB).
+
+    The log rounds to 0.01 GiB, so the bytes carry up to 5 MiB of rounding (a few blocks).
+    """
+    from servebook.kv_cache import capacity
+
+    cap = capacity(spec, round(available_kv_gib * GIB), max_model_len=max_model_len,
+                   max_num_batched_tokens=max_num_batched_tokens, tp=tp, device="cuda")
+    return {"num_gpu_blocks": cap.num_gpu_blocks, "kv_cache_tokens": cap.kv_cache_tokens,
+            "max_concurrency": cap.max_concurrency, "kv_bytes_per_token": cap.layout.kv_bytes_per_token}
+
+
+# ----------------------------------------------------------------------------- replicas
+def visible_gpus() -> int:
+    """GPUs ``nvidia-smi`` lists (0 when there is no NVIDIA driver)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return len([l for l in out.stdout.splitlines() if l.strip()]) if out.returncode == 0 else 0
+
+
+def replica_envs(env: dict, gpu_groups: Sequence[Sequence[int]]) -> list[dict]:
+    """One environment per replica, each seeing only its GPUs (``CUDA_VISIBLE_DEVICES``).
+
+    >>> [e["CUDA_VISIBLE_DEVICES"] for e in replica_envs({}, [[0], [1]])]
+    ['0', '1']
+    """
+    seen: set[int] = set()
+    out = []
+    for group in gpu_groups:
+        if not group or seen & set(group):
+            raise LabError(f"GPU groups {list(map(list, gpu_groups))} must be non-empty and disjoint "
+                           "(each replica needs GPUs of its own)")
+        seen |= set(group)
+        out.append(dict(env, CUDA_VISIBLE_DEVICES=",".join(map(str, group))))
+    return out
+
+
+@contextmanager
+def running_replicas(model: str, engine_args: dict, envs: Sequence[dict], *,
+                     startup_timeout_s: float = 600.0) -> Iterator[list]:
+    """Start one ``vllm serve`` per environment at the same time; yield the servers; stop them all.
+
+    The machine-wide engine lock is taken once for the group (the replicas are meant to run
+    together, each on its own GPU). If any replica fails to start, the others are stopped and the
+    first failure is raised (:class:`servebook.lab.errors.EngineStartError`).
+    """
+    from servebook.lab.server import VllmServer, free_port, timed_engine_lock
+
+    ports: list[int] = []
+    while len(ports) < len(envs):
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    servers = [VllmServer(model, engine_args, env=e, port=p, startup_timeout_s=startup_timeout_s, lock=False)
+               for e, p in zip(envs, ports)]
+    with timed_engine_lock():
+        errors: list[BaseException | None] = [None] * len(servers)
+
+        def start(i: int) -> None:
+            try:
+                servers[i].start()
+            except BaseException as exc:  # noqa: BLE001  (re-raised below in this thread)
+                errors[i] = exc
+
+        threads = [threading.Thread(target=start, args=(i,), daemon=True) for i in range(len(servers))]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            failed = [e for e in errors if e is not None]
+            if failed:
+                raise failed[0]
+            yield servers
+        finally:
+            for s in servers:
+                s.stop()
+
+
+def bench_replicas(servers: Sequence, *, num_prompts: int, seed: int = 0, **bench_kwargs) -> list[dict]:
+    """Run :func:`servebook.lab.run_bench` on every server at once, ``num_prompts`` split between them.
+
+    Replica ``i`` gets seed ``seed + i`` (distinct prompts). Extra keyword arguments go to every
+    ``run_bench`` call unchanged — so a request rate or concurrency cap given here applies to
+    *each* replica: halve it to offer the same total load. Returns the runs in replica order.
+    """
+    from servebook.lab.bench import run_bench
+
+    counts = split_prompts(num_prompts, len(servers))
+    results: list[dict | None] = [None] * len(servers)
+    errors: list[BaseException | None] = [None] * len(servers)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = run_bench(servers[i], num_prompts=counts[i], seed=seed + i, **bench_kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            errors[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(servers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise failed[0]
+    return [r for r in results if r is not None]
+
+
+# ----------------------------------------------------------------------------- combined results
+def request_tpot_s(request: dict) -> float | None:
+    """Seconds per output token after the first (vLLM's TPOT); None for one-token outputs."""
+    n = request["output_len"]
+    if n < 2:
+        return None
+    return (request["latency_s"] - request["ttft_s"]) / (n - 1)
+
+
+def combine_bench_runs(runs: Sequence[dict]) -> dict:
+    """One summary over runs made at the same time against different replicas.
+
+    ``duration_s`` is the longest run's (they started together, so the job ends with it);
+    ``output_throughput`` = all output tokens / ``duration_s`` (tokens/s), likewise
+    ``request_throughput`` (requests/s); TTFT and TPOT statistics are over every request of every
+    run (milliseconds; percentiles by linear interpolation, as ``numpy.percentile``).
+    """
+    if not runs:
+        raise LabError("no benchmark runs to combine")
+    requests = [r for run in runs for r in run["requests"]]
+    if not requests:
+        raise LabError("the runs hold no requests")
+    duration = max(float(run["summary"]["duration"]) for run in runs)
+    if not duration > 0:
+        raise LabError(f"benchmark duration {duration!r} is not positive")
+    ttft_ms = np.array([r["ttft_s"] for r in requests]) * 1e3
+    tpots = [t for t in map(request_tpot_s, requests) if t is not None]
+    tpot_ms = np.array(tpots) * 1e3 if tpots else np.array([math.nan])
+    output_tokens = sum(r["output_len"] for r in requests)
+    return {
+        "runs": len(runs), "completed": len(requests), "duration_s": duration,
+        "total_input_tokens": sum(r["input_len"] for r in requests),
+        "total_output_tokens": output_tokens,
+        "output_throughput": output_tokens / duration,
+        "request_throughput": len(requests) / duration,
+        "mean_ttft_ms": float(ttft_ms.mean()), "median_ttft_ms": float(np.median(ttft_ms)),
+        "p99_ttft_ms": float(np.percentile(ttft_ms, 99)),
+        "mean_tpot_ms": float(tpot_ms.mean()), "median_tpot_ms": float(np.median(tpot_ms)),
+        "p99_tpot_ms": float(np.percentile(tpot_ms, 99)),
+    }
+
+
+def sum_metric_deltas(befores: Sequence[dict], afters: Sequence[dict], names: Sequence[str]) -> dict[str, float]:
+    """Growth of each counter between two scrapes, summed over servers (replicas)."""
+    from servebook.lab.metrics import delta
+
+    if len(befores) != len(afters):
+        raise LabError("one scrape before and one after per server are needed")
+    return {n: sum(delta(b, a, n) for b, a in zip(befores, afters)) for n in names}
+
+
+# ----------------------------------------------------------------------------- all-reduce
+def _decode_points(doc: dict) -> dict[tuple[int, int], dict]:
+    [case] = [c for c in doc["cases"] if c.get("result")]
+    return {(p["batch"], p["prompt_tokens"]): p for p in case["result"]["decode"]}
+
+
+def allreduce_rows(spec: ModelSpec, gpu: str, coeffs, tp1_doc: dict, tp2_doc: dict) -> list[dict]:
+    """Recorded decode steps at TP=1 and TP=2 beside the performance model (one row per shared point).
+
+    For each (batch, prompt) point recorded at both sizes: measured ``tp1_step_s``, ``tp2_step_s``;
+    ``halving_excess_s = tp2_step_s - tp1_step_s / 2`` (what TP=2 costs beyond a perfect split:
+    all-reduce plus whatever does not shrink with the GPUs, such as launch and scheduling);
+    the model's ``model_tp1_step_s``, ``model_tp2_step_s``, its ``model_allreduce_s`` and
+    ``model_halving_excess_s``. Documents are ``servebook.step_timing/1`` files.
+    """
+    from servebook.perf.model import decode_step
+
+    one, two = _decode_points(tp1_doc), _decode_points(tp2_doc)
+    rows = []
+    for key in sorted(set(one) & set(two)):
+        p1, p2 = one[key], two[key]
+        ctx = p2["mean_context_tokens"]
+        m1 = decode_step(spec, gpu, coeffs, batch=key[0], context_tokens=ctx, tp=1)
+        m2 = decode_step(spec, gpu, coeffs, batch=key[0], context_tokens=ctx, tp=2)
+        rows.append({
+            "batch": key[0], "prompt_tokens": key[1], "mean_context_tokens": ctx,
+            "tp1_step_s": p1["step_s"], "tp2_step_s": p2["step_s"],
+            "halving_excess_s": p2["step_s"] - p1["step_s"] / 2,
+            "model_tp1_step_s": m1.step_s, "model_tp2_step_s": m2.step_s,
+            "model_allreduce_s": m2.allreduce_s,
+            "model_halving_excess_s": m2.step_s - m1.step_s / 2,
+        })
+    if not rows:
+        raise ServebookError("the two step-timing files share no (batch, prompt) decode point")
+    return rows

@@ -1,0 +1,198 @@
+"""Units of servebook.lab.parallel (Lab 9, TP vs DP): no engine; expectations by hand arithmetic."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from servebook.hf_config import load_model_spec
+from servebook.lab.errors import LabError
+from servebook.lab.parallel import (
+    ParallelSetup,
+    allreduce_rows,
+    combine_bench_runs,
+    logged_capacity,
+    predicted_configs,
+    replica_envs,
+    request_tpot_s,
+    split_prompts,
+    sum_metric_deltas,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "src" / "servebook" / "data" / "models"
+STEP_TIMING = ROOT / "labs" / "results" / "step_timing"
+
+
+# --------------------------------------------------------------------------- load splitting
+@pytest.mark.parametrize("n, k, expected", [(5, 2, [3, 2]), (4, 2, [2, 2]), (7, 3, [3, 2, 2]), (1, 1, [1])])
+def test_split_prompts(n, k, expected):
+    assert split_prompts(n, k) == expected
+
+
+@pytest.mark.parametrize("n, k", [(1, 2), (3, 0)])
+def test_split_prompts_refuses_empty_replicas(n, k):
+    with pytest.raises(LabError, match="at least one request per replica"):
+        split_prompts(n, k)
+
+
+def test_replica_envs_pin_each_replica_to_its_gpus():
+    envs = replica_envs({"A": "1", "CUDA_VISIBLE_DEVICES": "0,1"}, [[0], [1]])
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1"]
+    assert all(e["A"] == "1" for e in envs)
+    assert replica_envs({}, [[0, 1], [2, 3]])[1]["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_replica_envs_refuse_shared_gpus():
+    with pytest.raises(LabError, match="disjoint"):
+        replica_envs({}, [[0], [0]])
+
+
+# --------------------------------------------------------------------------- combined bench summary
+def _run(duration, requests):
+    return {"summary": {"duration": duration}, "requests": [
+        {"input_len": i, "output_len": o, "ttft_s": t, "latency_s": l} for i, o, t, l in requests]}
+
+
+def test_request_tpot_is_time_after_first_token_per_later_token():
+    # 11 tokens: the first at 0.5 s, the other 10 over the next 1.0 s.
+    assert request_tpot_s({"output_len": 11, "ttft_s": 0.5, "latency_s": 1.5}) == pytest.approx(0.1)
+    assert request_tpot_s({"output_len": 1, "ttft_s": 0.5, "latency_s": 0.5}) is None
+
+
+def test_combine_bench_runs_by_hand():
+    a = _run(10.0, [(100, 11, 0.2, 1.2), (100, 11, 0.4, 2.4)])   # TPOT 0.1, 0.2 s
+    b = _run(8.0, [(50, 21, 0.6, 2.6)])                          # TPOT 0.1 s
+    s = combine_bench_runs([a, b])
+    assert s["completed"] == 3 and s["runs"] == 2
+    assert s["duration_s"] == 10.0                               # the longer run ends the job
+    assert s["total_output_tokens"] == 43 and s["total_input_tokens"] == 250
+    assert s["output_throughput"] == pytest.approx(4.3)
+    assert s["request_throughput"] == pytest.approx(0.3)
+    assert s["mean_ttft_ms"] == pytest.approx(400.0)
+    assert s["median_ttft_ms"] == pytest.approx(400.0)
+    # linear interpolation between 400 and 600 ms at 99% of the way from rank 1 to rank 2
+    assert s["p99_ttft_ms"] == pytest.approx(400 + 0.98 * 200)
+    assert s["mean_tpot_ms"] == pytest.approx(400 / 3)
+    assert s["median_tpot_ms"] == pytest.approx(100.0)
+
+
+def test_combine_single_run_equals_that_run():
+    a = _run(4.0, [(10, 5, 0.1, 0.5), (10, 5, 0.3, 0.7)])
+    s = combine_bench_runs([a])
+    assert s["output_throughput"] == pytest.approx(10 / 4.0)
+    assert s["mean_tpot_ms"] == pytest.approx(100.0)
+
+
+def test_combine_refuses_nothing():
+    with pytest.raises(LabError):
+        combine_bench_runs([])
+    with pytest.raises(LabError, match="not positive"):
+        combine_bench_runs([_run(0.0, [(1, 2, 0.1, 0.2)])])
+
+
+def test_metric_deltas_sum_over_replicas():
+    before = [{"vllm:generation_tokens_total": 10.0}, {"vllm:generation_tokens_total": 0.0}]
+    after = [{"vllm:generation_tokens_total": 110.0}, {"vllm:generation_tokens_total": 50.0}]
+    assert sum_metric_deltas(before, after, ["vllm:generation_tokens"]) == {"vllm:generation_tokens": 150.0}
+    with pytest.raises(LabError):
+        sum_metric_deltas(before, after[:1], ["vllm:generation_tokens"])
+
+
+# --------------------------------------------------------------------------- KV capacity with sharded heads
+def _raw(model_id):
+    return json.loads((MODELS / f"{model_id}.json").read_text())
+
+
+@pytest.mark.parametrize("model_id", ["qwen3-32b", "qwen3-30b-a3b"])
+def test_logged_capacity_shards_kv_heads(model_id):
+    cfg = _raw(model_id)
+    layers, kv_heads, head_dim = cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"]
+    available_gib = 40.0
+    spec = load_model_spec(model_id)
+    for tp in (1, 2):
+        # K and V, bf16 (2 bytes), 16-token blocks, KV heads split over tp ranks
+        block_bytes = layers * (kv_heads // tp) * head_dim * 2 * 2 * 16
+        blocks = int(available_gib * 2**30) // block_bytes
+        got = logged_capacity(spec, available_gib, tp=tp, max_model_len=4096, max_num_batched_tokens=8192)
+        assert got["num_gpu_blocks"] == blocks
+        assert got["kv_cache_tokens"] == blocks * 16          # 4096 is a whole number of blocks
+        assert got["max_concurrency"] == pytest.approx(blocks / (4096 // 16))
+
+
+def test_logged_capacity_reproduces_recorded_tp2_log():
+    # labs/results/step_timing/qwen3-32b-tp2.json: H200 x2, vLLM 0.26.0 logged
+    # "Available KV cache memory: 93.47 GiB" and "GPU KV cache size: 765,696 tokens".
+    doc = json.loads((STEP_TIMING / "qwen3-32b-tp2.json").read_text())
+    log = doc["cases"][0]["log"]
+    assert "Available KV cache memory: 93.47 GiB" in log and "GPU KV cache size: 765,696 tokens" in log
+    got = logged_capacity(load_model_spec("qwen3-32b"), 93.47, tp=2, max_model_len=16448,
+                          max_num_batched_tokens=16384)
+    assert got["kv_cache_tokens"] == 765_696
+
+
+# --------------------------------------------------------------------------- predictions
+def _setup(**kw):
+    base = dict(gpu="H200", max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192,
+                gpu_memory_utilization=0.9, enforce_eager=False, input_len=512, output_len=128, num_prompts=256)
+    return ParallelSetup(**dict(base, **kw))
+
+
+@pytest.fixture(scope="module")
+def coeffs():
+    from servebook.perf.model import calibrated_coefficients
+
+    return calibrated_coefficients("H200")[0]
+
+
+def test_predicted_configs_relations(coeffs):
+    cfg = _raw("qwen3-32b")
+    rows = {r["config"]: r for r in predicted_configs(load_model_spec("qwen3-32b"), _setup(), coeffs)}
+    one, two, dp = rows["TP=1"], rows["TP=2"], rows["DP=2"]
+    per_token_tp1 = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2 * 2
+    assert one["kv_bytes_per_token"] == per_token_tp1
+    assert two["kv_bytes_per_token"] == per_token_tp1 // 2
+    for r in rows.values():                                    # blocks carved from the budget by hand
+        assert r["num_gpu_blocks"] == r["available_kv_bytes"] // (r["kv_bytes_per_token"] * 16)
+    # Replicas are copies of TP=1: same per-GPU figures, twice the tokens in all.
+    assert dp["num_gpu_blocks"] == one["num_gpu_blocks"]
+    assert dp["tokens_in_kv_all_replicas"] == 2 * one["kv_cache_tokens"]
+    assert dp["output_tokens_per_s"] == pytest.approx(2 * one["output_tokens_per_s"], rel=1e-9)
+    # TP=2 halves weights per GPU: more KV budget per GPU than TP=1, and each token costs half.
+    assert two["weights_gib"] == pytest.approx(one["weights_gib"] / 2, rel=1e-6)
+    assert two["available_kv_bytes"] > one["available_kv_bytes"]
+    assert two["kv_cache_tokens"] > 2 * one["kv_cache_tokens"]
+    assert one["allreduce_s"] == 0 == dp["allreduce_s"] and two["allreduce_s"] > 0
+    assert two["decode_step_s"] < one["decode_step_s"]
+
+
+def test_allreduce_term_by_hand(coeffs):
+    # The model's all-reduce for one TP=2 decode step: 2 per layer, each latency + 2(tp-1)/tp x bytes / link,
+    # bytes = batch x hidden x 2 (bf16).
+    from servebook.perf.gpu import gpu_numbers
+
+    cfg = _raw("qwen3-32b")
+    spec = load_model_spec("qwen3-32b")
+    one = json.loads((STEP_TIMING / "qwen3-32b.json").read_text())
+    two = json.loads((STEP_TIMING / "qwen3-32b-tp2.json").read_text())
+    rows = allreduce_rows(spec, "H200", coeffs, one, two)
+    assert {(r["batch"], r["prompt_tokens"]) for r in rows} >= {(1, 512), (256, 512)}
+    link = gpu_numbers("H200").link_bytes_per_s_each_way * coeffs.link_eff
+    for r in rows:
+        each = coeffs.allreduce_latency_s + 2 * (2 - 1) / 2 * r["batch"] * cfg["hidden_size"] * 2 / link
+        assert r["model_allreduce_s"] == pytest.approx(2 * cfg["num_hidden_layers"] * each, rel=1e-9)
+        assert r["halving_excess_s"] == pytest.approx(r["tp2_step_s"] - r["tp1_step_s"] / 2)
+
+
+def test_allreduce_rows_need_shared_points(coeffs):
+    from servebook.errors import ServebookError
+
+    one = {"cases": [{"result": {"decode": [{"batch": 1, "prompt_tokens": 512, "mean_context_tokens": 528.5,
+                                             "step_s": 0.02}]}}]}
+    two = {"cases": [{"result": {"decode": [{"batch": 4, "prompt_tokens": 512, "mean_context_tokens": 528.5,
+                                             "step_s": 0.01}]}}]}
+    with pytest.raises(ServebookError, match="share no"):
+        allreduce_rows(load_model_spec("qwen3-32b"), "H200", coeffs, one, two)
+    assert math.isfinite(allreduce_rows(load_model_spec("qwen3-32b"), "H200", coeffs, one, one)[0]["halving_excess_s"])
