@@ -68,6 +68,13 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4, "schedule": [[1, 1, 4], [2, 16, 1]],
                "max_model_len": 512, "max_num_seqs": 16, "repeats": 1, "gpu_memory_utilization": None,
                "enforce_eager": True},
+        # L9: no engine on the CPU (TP=2 and two replicas need two GPUs): predictions for the two
+        # models the gpu profile measures, with the gpu profile's sizes, and the recorded TP=2 analysis.
+        "l9": {"models": ["qwen3-32b", "qwen3-30b-a3b"], "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
+               "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+               "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
+               "expert_parallel": True,
+               "time_budget_s": 0, "config_time_s": 0, "startup_timeout_s": 0},
     },
     "gpu": {
         "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
@@ -103,6 +110,13 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "ks": [1, 2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
                "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 2,
                "gpu_memory_utilization": 0.5, "enforce_eager": False},
+        # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
+        # 3-4 configurations with CUDA graphs inside run_lab_l9_x2.sh's 570 s (time_budget_s guards it).
+        "l9": {"models": None, "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
+               "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+               "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
+               "expert_parallel": True,
+               "time_budget_s": 500, "config_time_s": 120, "startup_timeout_s": 300},
     },
 }
 
