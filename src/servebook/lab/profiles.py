@@ -56,10 +56,11 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                            "document_tokens": 768, "suffix_tokens": 48, "output_tokens": 4},
                "offline_concurrency": 1, "num_gpu_blocks_override": 40, "max_model_len": 1024,
                "max_num_batched_tokens": 4096, "max_num_seqs": 16},
-        # L7: a target/draft pair trained here (servebook.lab.train_pair; ~10-20 s on 2 cores), float32
-        # so that greedy text is comparable between engines; one k per method, an illustrative schedule.
-        "l7": {"train": {"vocab_size": 512, "seq_len": 64, "batch_size": 16, "steps": 200, "lr": 0.003,
-                         "corpus_bytes": 400_000,
+        # L7: a target/draft pair trained here (servebook.lab.train_pair), float32 so that greedy text is
+        # comparable between engines. One torch thread: beside other work on 2 cores, 2 threads trained
+        # 17x slower (300 s vs 18 s measured), same weights. Small k grid, an illustrative schedule.
+        "l7": {"train": {"vocab_size": 512, "seq_len": 64, "batch_size": 16, "steps": 150, "lr": 0.004,
+                         "corpus_bytes": 300_000, "torch_threads": 1,
                          "target": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                                     "num_key_value_heads": 2, "intermediate_size": 384},
                          "draft": {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -109,7 +110,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 4, 16, 64],
                "ks": [1, 2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
                "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 2,
-               "gpu_memory_utilization": 0.5, "enforce_eager": False},
+               "gpu_memory_utilization": 0.4, "enforce_eager": False},
         # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
         # 3-4 configurations with CUDA graphs inside run_lab_l9_x2.sh's 585 s (time_budget_s guards it).
         "l9": {"models": None, "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,

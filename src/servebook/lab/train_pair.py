@@ -282,7 +282,9 @@ def train_pair(out_dir: str | Path, sizes: dict, *, seed: int = 0, device: str =
 
     Args:
         out_dir: folder to write ``target/``, ``draft/``, ``draft_untrained/``, ``pair.json``.
-        sizes: see :func:`check_sizes` (``LAB_PARAMS[profile]["l7"]["train"]``).
+        sizes: see :func:`check_sizes` (``LAB_PARAMS[profile]["l7"]["train"]``); an optional
+            ``torch_threads`` sets torch's thread count (1 on a shared 2-core machine, where
+            two threads spinning against other processes trained 17x slower).
         seed: seeds the initial weights, the batches and the draft control.
         device: ``"cpu"`` or ``"cuda"``.
         dtype: dtype written to ``config.json`` and the safetensors (``float32`` keeps greedy
@@ -294,6 +296,8 @@ def train_pair(out_dir: str | Path, sizes: dict, *, seed: int = 0, device: str =
 
     check_sizes(sizes)
     t_start = time.perf_counter()
+    if sizes.get("torch_threads"):
+        torch.set_num_threads(int(sizes["torch_threads"]))
     torch.manual_seed(seed)
     if device == "cpu":
         torch.use_deterministic_algorithms(True)
