@@ -196,3 +196,42 @@ def test_allreduce_rows_need_shared_points(coeffs):
     with pytest.raises(ServebookError, match="share no"):
         allreduce_rows(load_model_spec("qwen3-32b"), "H200", coeffs, one, two)
     assert math.isfinite(allreduce_rows(load_model_spec("qwen3-32b"), "H200", coeffs, one, one)[0]["halving_excess_s"])
+
+
+# --------------------------------------------------------------------------- measured vs predicted rows
+def _point(config, tp, gib, extra=None):
+    run = _run(4.0, [(512, 11, 0.05, 0.05 + 10 * 0.02), (512, 11, 0.15, 0.15 + 10 * 0.04)])
+    args = dict({"tensor_parallel_size": tp} if tp > 1 else {}, **(extra or {}))
+    return {"config": config, "engine_args": args,
+            "startup": [{"available_kv_cache_gib": gib, "kv_cache_tokens": 123}],
+            "light": {"summary": combine_bench_runs([run])}, "saturated": {"summary": combine_bench_runs([run])},
+            "metrics_delta": {"vllm:inter_token_latency_seconds_sum": 3.0,
+                              "vllm:inter_token_latency_seconds_count": 200.0, "vllm:num_preemptions": 2.0}}
+
+
+def test_comparison_rows_by_hand(coeffs):
+    from servebook.lab.parallel import comparison_rows
+
+    spec = load_model_spec("qwen3-32b")
+    cfg = _raw("qwen3-32b")
+    setup = _setup()
+    predicted = predicted_configs(spec, setup, coeffs)
+    measurements = {"workload": {"max_model_len": 4096, "max_num_batched_tokens": 8192},
+                    "predicted": {"qwen3-32b": predicted},
+                    "points": [_point("TP=1", 1, 40.0), _point("TP=2+EP", 2, 40.0, {"enable_expert_parallel": True}),
+                               {"config": "DP=2", "error": "EngineStartError: out of memory"}]}
+    rows, notes = comparison_rows(measurements, spec)
+    assert [r["config"] for r in rows] == ["TP=1", "TP=2+EP"]
+    assert notes == ["DP=2: not measured: EngineStartError: out of memory"]
+    for r, tp in zip(rows, (1, 2)):
+        block_bytes = cfg["num_hidden_layers"] * (cfg["num_key_value_heads"] // tp) * cfg["head_dim"] * 2 * 2 * 16
+        assert r["tokens from log GiB"] == (40 * 2**30 // block_bytes) * 16
+        assert r["KV tokens log"] == 123 and r["preemptions"] == 2.0
+        assert r["engine ITL ms (saturated)"] == 15.0                  # 3 s over 200 gaps
+        assert r["TPOT alone ms"] == 30.0                                # median of 20 and 40 ms
+        assert r["out tok/s"] == round(22 / 4.0)
+    # the EP point is compared with the TP=2 prediction
+    assert rows[1]["tokens pred"] == predicted[1]["kv_cache_tokens"] and predicted[1]["config"] == "TP=2"
+    with pytest.raises(LabError, match="not qwen3-30b-a3b"):
+        comparison_rows(dict(measurements, predicted={"a": predicted, "b": predicted}),
+                        load_model_spec("qwen3-30b-a3b"))

@@ -348,3 +348,51 @@ def allreduce_rows(spec: ModelSpec, gpu: str, coeffs, tp1_doc: dict, tp2_doc: di
     if not rows:
         raise ServebookError("the two step-timing files share no (batch, prompt) decode point")
     return rows
+
+
+# ----------------------------------------------------------------------------- measured vs predicted
+def comparison_rows(measurements: dict, spec: ModelSpec) -> tuple[list[dict], list[str]]:
+    """Measured beside predicted, one row per measured configuration of a Lab 9 result.
+
+    ``measurements`` is the ``measurements`` dict the lab saves (``workload``, ``predicted``,
+    ``points``); ``spec`` the model measured. A configuration with expert parallelism is compared
+    with the prediction of its tensor-parallel size (attention and KV are split the same way).
+    Returns ``(rows, notes)``: rows keyed by short column names (GiB, tokens, ms, tokens/s) and one
+    note per configuration that was skipped or failed. Values a log did not print are None.
+    """
+    w = measurements["workload"]
+    by_model = measurements["predicted"]
+    if spec.name not in by_model and len(by_model) != 1:
+        raise LabError(f"the result predicts {sorted(by_model)}, not {spec.name}; pass the spec of the measured model")
+    predicted = by_model.get(spec.name) or next(iter(by_model.values()))
+    by_name = {r["config"]: r for r in predicted}
+    rows, notes = [], []
+    for p in measurements["points"]:
+        if "startup" not in p:
+            notes.append(f"{p['config']}: not measured: {(p.get('error') or p.get('skipped') or '')[:300]}")
+            continue
+        tp = p["engine_args"].get("tensor_parallel_size", 1)
+        pred = by_name[p["config"].split("+")[0]]
+        s0 = p["startup"][0]
+        gib = s0.get("available_kv_cache_gib")
+        from_log = None if gib is None else logged_capacity(
+            spec, gib, tp=tp, max_model_len=w["max_model_len"],
+            max_num_batched_tokens=w["max_num_batched_tokens"])["kv_cache_tokens"]
+        sat, light, d = p["saturated"]["summary"], p["light"]["summary"], p["metrics_delta"]
+        itl_n = d.get("vllm:inter_token_latency_seconds_count") or 0
+        rows.append({
+            "config": p["config"],
+            "KV GiB/GPU log": gib, "KV GiB pred": round(pred["available_kv_gib"], 2),
+            "KV tokens log": s0.get("kv_cache_tokens"), "tokens from log GiB": from_log,
+            "tokens pred": pred["kv_cache_tokens"],
+            "TPOT alone ms": round(light["median_tpot_ms"], 2),
+            "TPOT pred": round(pred["single_stream_tpot_s"] * 1e3, 2),
+            "TTFT alone ms": round(light["median_ttft_ms"], 1),
+            "TTFT pred": round(pred["single_stream_ttft_s"] * 1e3, 1),
+            "out tok/s": round(sat["output_throughput"]), "tok/s pred": round(pred["output_tokens_per_s"]),
+            "mean TTFT ms (saturated)": round(sat["mean_ttft_ms"]),
+            "engine ITL ms (saturated)": round(d["vllm:inter_token_latency_seconds_sum"] / itl_n * 1e3, 2)
+            if itl_n else None,
+            "preemptions": d.get("vllm:num_preemptions"),
+        })
+    return rows, notes
