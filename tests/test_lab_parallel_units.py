@@ -235,3 +235,81 @@ def test_comparison_rows_by_hand(coeffs):
     with pytest.raises(LabError, match="not qwen3-30b-a3b"):
         comparison_rows(dict(measurements, predicted={"a": predicted, "b": predicted}),
                         load_model_spec("qwen3-30b-a3b"))
+
+
+# --------------------------------------------------------------------------- replicas (fake servers, no engine)
+class _FakeServer:
+    started: list = []
+
+    def __init__(self, model, engine_args, *, env, port, startup_timeout_s, lock):
+        self.model, self.engine_args, self.env, self.port, self.lock = model, engine_args, env, port, lock
+        self.stopped = False
+
+    def start(self):
+        if self.env.get("FAIL"):
+            raise RuntimeError(f"replica on GPU {self.env['CUDA_VISIBLE_DEVICES']} failed")
+        _FakeServer.started.append(self)
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    from contextlib import nullcontext
+
+    import servebook.lab.server as server
+
+    _FakeServer.started = []
+    made = []
+
+    def factory(*a, **kw):
+        made.append(_FakeServer(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(server, "VllmServer", factory)
+    monkeypatch.setattr(server, "timed_engine_lock", nullcontext)
+    return made
+
+
+def test_running_replicas_start_pinned_servers_and_stop_them(fake_servers):
+    from servebook.lab.parallel import running_replicas
+
+    envs = replica_envs({}, [[0], [1]])
+    with running_replicas("m", {"max_model_len": 64}, envs) as servers:
+        assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["0", "1"]
+        assert len({s.port for s in servers}) == 2 and not any(s.lock for s in servers)
+        assert not any(s.stopped for s in servers)
+    assert all(s.stopped for s in fake_servers)
+
+
+def test_running_replicas_stop_all_when_one_fails(fake_servers):
+    from servebook.lab.parallel import running_replicas
+
+    envs = replica_envs({}, [[0], [1]])
+    envs[1]["FAIL"] = "1"
+    with pytest.raises(RuntimeError, match="GPU 1 failed"):
+        with running_replicas("m", {}, envs):
+            pytest.fail("the block must not run when a replica failed to start")
+    assert len(fake_servers) == 2 and all(s.stopped for s in fake_servers)
+
+
+def test_bench_replicas_split_the_load_and_run_together(monkeypatch):
+    import threading
+
+    import servebook.lab.bench as bench
+    from servebook.lab.parallel import bench_replicas
+
+    barrier = threading.Barrier(2, timeout=10)   # breaks unless both benchmarks are in flight at once
+    calls = []
+
+    def fake_run_bench(server, *, num_prompts, seed, **kw):
+        calls.append((server, num_prompts, seed, kw))
+        barrier.wait()
+        return {"server": server, "n": num_prompts}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    out = bench_replicas(["s0", "s1"], num_prompts=5, input_len=8, output_len=4, seed=7)
+    assert [r["server"] for r in out] == ["s0", "s1"] and [r["n"] for r in out] == [3, 2]
+    assert sorted((c[0], c[2]) for c in calls) == [("s0", 7), ("s1", 8)]
+    assert all(c[3] == {"input_len": 8, "output_len": 4} for c in calls)
