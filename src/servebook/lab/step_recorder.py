@@ -54,27 +54,22 @@ class _StepWriter:
                                      "decodes": decodes, "prefills": prefills}) + "\n")
 
 
-class RecordingScheduler(Scheduler):
+class _RecordsSteps:
+    """Mixin: call the vLLM scheduler's own ``schedule()``, then write one line for the step."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._step_writer = _StepWriter()
+
+    def schedule(self, *args, **kwargs):
+        out = super().schedule(*args, **kwargs)
+        self._step_writer.write(self, out)
+        return out
+
+
+class RecordingScheduler(_RecordsSteps, Scheduler):
     """vLLM's synchronous scheduler, recording every step (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._step_writer = _StepWriter()
 
-    def schedule(self, *args, **kwargs):
-        out = super().schedule(*args, **kwargs)
-        self._step_writer.write(self, out)
-        return out
-
-
-class RecordingAsyncScheduler(AsyncScheduler):
+class RecordingAsyncScheduler(_RecordsSteps, AsyncScheduler):
     """vLLM's async scheduler (the CUDA default), recording every step (see the module docstring)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._step_writer = _StepWriter()
-
-    def schedule(self, *args, **kwargs):
-        out = super().schedule(*args, **kwargs)
-        self._step_writer.write(self, out)
-        return out
