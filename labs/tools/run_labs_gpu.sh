@@ -48,6 +48,8 @@ recorded 20-90 s engine starts; every lab is capped at 570 s):
                      requests each, offline 192 requests in two orders        ~5-6 min
   total device time for l1-l4: about 17-21 min, plus ~3 min install (shared/gpu/README.md);
   l5 and l6 add about 10-13 min: one 30-minute session cannot hold all six.
+  Lab 8 runs with `python -m servebook.batch.tactics --profile gpu`; Lab 9 (two GPUs) with
+  labs/tools/run_lab_l9_x2.sh on the nvidia-h200-x2 kind.
 PLAN
 }
 
