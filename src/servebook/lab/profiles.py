@@ -68,7 +68,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "dtype": "float32", "num_prompts": 8, "max_tokens": 32, "batch_sizes": [1, 8], "ks": [2, 4],
                "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4, "schedule": [[1, 1, 4], [2, 16, 1]],
                "max_model_len": 512, "max_num_seqs": 16, "repeats": 1, "gpu_memory_utilization": None,
-               "enforce_eager": True},
+               "enforce_eager": True, "untrained_control": True},
         # L9: no engine on the CPU (TP=2 and two replicas need two GPUs): predictions for the two
         # models the gpu profile measures, with the gpu profile's sizes, and the recorded TP=2 analysis.
         "l9": {"models": ["qwen3-32b", "qwen3-30b-a3b"], "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
@@ -100,17 +100,18 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "offline_concurrency": 8, "num_gpu_blocks_override": 20000, "max_model_len": 16384,
                "max_num_batched_tokens": 8192, "max_num_seqs": 256},
         # L7: a ~63 M-parameter target and a ~6 M draft trained on the stdlib for a few minutes (bf16
-        # autocast); the schedule comes from servebook.perf.speculative.k_schedule (schedule None).
-        "l7": {"train": {"vocab_size": 8192, "seq_len": 512, "batch_size": 32, "steps": 1200, "lr": 0.001,
+        # autocast); the schedule comes from servebook.perf.speculative.k_schedule (schedule None);
+        # five engines with CUDA graphs (the untrained-draft control runs on CPU only) to fit ~570 s.
+        "l7": {"train": {"vocab_size": 8192, "seq_len": 512, "batch_size": 32, "steps": 800, "lr": 0.001,
                          "corpus_bytes": 10_000_000, "corpus_recursive": True,
                          "target": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 12,
                                     "num_key_value_heads": 4, "intermediate_size": 2048},
                          "draft": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                                    "num_key_value_heads": 2, "intermediate_size": 768}},
-               "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 4, 16, 64],
-               "ks": [1, 2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
-               "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 2,
-               "gpu_memory_utilization": 0.4, "enforce_eager": False},
+               "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 8, 64],
+               "ks": [2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+               "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 1,
+               "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False},
         # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
         # 3-4 configurations with CUDA graphs inside run_lab_l9_x2.sh's 580 s cap (time_budget_s guards it).
         "l9": {"models": None, "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
