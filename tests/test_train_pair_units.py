@@ -93,6 +93,11 @@ def test_tokens_per_sequence_step():
     assert tokens_per_sequence_step(32, 0) == 1.0
     with pytest.raises(ServebookError):
         tokens_per_sequence_step(32, 32)
+    # A draft model: 2 requests of 32 tokens, 20 drafted steps + 2 prefill steps -> 64 / 22 tokens per step,
+    # whatever the accepted counter says (it may include drafts cut off by max_tokens).
+    assert tokens_per_sequence_step(64, 50, drafts=20, requests=2) == pytest.approx(64 / 22)
+    with pytest.raises(ServebookError):
+        tokens_per_sequence_step(64, 0, drafts=20, requests=0)
 
 
 def test_summed_counters_adds_positions_of_unequal_length():

@@ -8,7 +8,8 @@ recorded (the engines' own counters and token ids), not the figures the lab comp
 * every request made exactly ``max_tokens`` tokens (``ignore_eos``);
 * vLLM's counters obey their definitions: accepted <= drafted, the per-position counts sum to the
   accepted count and never rise with the position (draft j+1 is accepted only after draft j);
-* a draft model drafts exactly ``k`` tokens each time when one request runs (batch 1), and the
+* a draft model drafts at every decode step (steps, drafts and tokens add up, up to the drafts
+  ``max_tokens`` cuts off), and exactly ``k`` tokens each time when one request runs (batch 1); the
   schedule engine drafts the schedule's batch-1 ``k`` at batch 1 and fewer at the larger batch;
 * the trained draft's acceptance is far above an untrained draft's of the same shape.
 """
@@ -82,6 +83,19 @@ def test_counters_obey_their_definitions(doc):
             # Each step gives a sequence one token of the target's plus its accepted drafts.
             assert p["output_tokens"] == p["batch"] * W["max_tokens"]
             assert c["accepted_tokens"] < p["output_tokens"]
+
+
+def test_a_draft_model_drafts_at_every_decode_step(doc):
+    # Steps per request = 1 prefill step + one per draft, each giving 1 token + the accepted drafts; the
+    # last step's accepted drafts may be cut off by max_tokens (at most k per request).
+    engines = _engines(doc)
+    names = [f"draft k={k}" for k in W["ks"]] + [f"untrained draft k={max(W['ks'])}", "draft schedule"]
+    for name in names:
+        k = max(W["ks"]) if not name.startswith("draft k=") else int(name.split("=")[1])
+        for p in engines[name]["points"]:
+            c = p["counters"]
+            cut_off = c["drafts"] + p["batch"] + c["accepted_tokens"] - p["output_tokens"]
+            assert 0 <= cut_off <= k * p["batch"], (name, p["batch"], cut_off)
 
 
 def test_draft_model_drafts_k_per_step_and_schedule_switches_k(doc):

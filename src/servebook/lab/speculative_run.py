@@ -66,16 +66,26 @@ def acceptance_summary(drafts: float, draft_tokens: float, accepted: float, per_
     return out
 
 
-def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float) -> float:
-    """Tokens each sequence gained per engine step, drafted or not: ``output / (output - accepted)``.
+def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float, *, drafts: float | None = None,
+                             requests: int | None = None) -> float:
+    """Tokens each sequence gained per engine step, drafted or not.
 
-    Every step gives each running sequence one token of the target's own plus the drafts it
-    accepted, so ``output_tokens - accepted_tokens`` is the number of sequence-steps. Steps
-    without drafts (an n-gram that finds no match) count, which the counters' mean acceptance
-    length leaves out.
+    Exact for a drafter that drafts at every decode step (a draft model): give ``drafts``
+    and ``requests``; each request then had one prefill step plus one step per draft, so
+    ``output / (drafts + requests)``.
+
+    Otherwise (an n-gram drafts only where it finds a match) the steps are estimated as
+    ``output_tokens - accepted_tokens`` (each step gives a sequence one target token plus its
+    accepted drafts). That overstates tokens per step a little: vLLM 0.27.1 counts the drafts
+    accepted in a request's last step before ``max_tokens`` cuts them off
+    (``vllm/v1/core/sched/scheduler.py``), at most ``k`` tokens per request.
     """
     from servebook.errors import ServebookError
 
+    if drafts is not None and requests is not None:
+        if requests < 1 or drafts < 0:
+            raise ServebookError(f"need requests >= 1 and drafts >= 0, got {requests} and {drafts}")
+        return output_tokens / (drafts + requests)
     if not 0 <= accepted_tokens < output_tokens:
         raise ServebookError(f"need 0 <= accepted ({accepted_tokens}) < output tokens ({output_tokens})")
     return output_tokens / (output_tokens - accepted_tokens)
