@@ -100,7 +100,7 @@ def test_long_prompt_is_sent_after_the_decodes_warm_up(fake_server):
     run = run_long_prompt_among_decodes(fake_server, decode_requests=3, decode_prompt_tokens=8,
                                         decode_output_tokens=40, long_prompt_tokens=200, long_output_tokens=2,
                                         warm_tokens=5, vocab_size=50, seed=1)
-    assert len(run["decodes"]) == 3
+    assert len(run["decodes"]) == 3 and run["attempt"] == 1
     for d in run["decodes"]:
         assert sum(d["tokens_per_chunk"]) == 40
         # at least warm_tokens chunks had arrived before the long prompt was sent
@@ -117,6 +117,20 @@ def test_run_refuses_decodes_too_short_to_overlap(fake_server):
     with pytest.raises(LabError, match="decode_output_tokens"):
         run_long_prompt_among_decodes(fake_server, decode_requests=1, decode_prompt_tokens=4, decode_output_tokens=4,
                                       long_prompt_tokens=10, warm_tokens=4)
+
+
+
+def test_run_without_overlap_is_repeated_then_refused(fake_server):
+    # Decodes of 8 tokens, 5 of them before the send: they end ~6 ms after it, while the fake
+    # prefill holds the long prompt's first token for 50 ms. No attempt overlaps.
+    with pytest.raises(LabError, match="did not run among the decodes"):
+        run_long_prompt_among_decodes(fake_server, decode_requests=2, decode_prompt_tokens=4, decode_output_tokens=8,
+                                      long_prompt_tokens=200, warm_tokens=5, vocab_size=50, attempts=2)
+    # Two attempts of 2 decodes + 1 long prompt each, each attempt with its own prompts.
+    bodies = _FakeCompletions.seen
+    assert sorted(len(b["prompt"]) for b in bodies) == [4, 4, 4, 4, 200, 200]
+    longs = [b["prompt"] for b in bodies if len(b["prompt"]) == 200]
+    assert longs[0] != longs[1]
 
 
 # --------------------------------------------------------------------------- ITL summaries

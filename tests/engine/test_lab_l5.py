@@ -79,7 +79,10 @@ def test_unchunked_prompt_goes_in_one_step(doc):
     assert "does not officially support disabling chunked prefill" in config["log"]
     assert "Chunked prefill is enabled" not in config["log"]
     steps = config["first_run"]["steps"]
-    [step] = [s for s in steps if any(prompt == L for _, prompt, _ in s["prefills"])]
+    found = [s for s in steps if any(prompt == L for _, prompt, _ in s["prefills"])]
+    assert len(found) == 1, ("expected the long prompt in exactly one step among the decodes; steps with prefills: "
+                             f"{[s for s in steps if s['prefills']]}")
+    [step] = found
     # The whole prompt beside all N decodes, in one step of L + N tokens.
     assert step["prefills"] == [[L, L, 0]] and step["decodes"] == N and step["total"] == L + N
     # ... which is more than any step of the chunked engine was allowed.
