@@ -28,7 +28,7 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export SERVEBOOK_LAB_PROFILE=gpu SERVEBOOK_LAB_RESULTS="$OUT" MPLBACKEND=Agg
 export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine.lock}
 declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
-                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching)
+                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative)
 
 plan() {
   cat <<'PLAN'
@@ -46,8 +46,10 @@ recorded 20-90 s engine starts; every lab is capped at 570 s):
                      32 decodes + one 8000-token prompt, 3 repeats each       ~5-7 min
   l6 prefix caching  2 vllm serve (graphs), 20,000-block pool, 128 + 96 token-id
                      requests each, offline 192 requests in two orders        ~5-6 min
+  l7 speculative     train a 63M target / 6M draft pair (~1-2 min), then 5 LLM()
+                     with CUDA graphs: n-gram, draft, untrained draft, schedule ~7-9 min
   total device time for l1-l4: about 17-21 min, plus ~3 min install (shared/gpu/README.md);
-  l5 and l6 add about 10-13 min: one 30-minute session cannot hold all six.
+  l5-l7 add about 17-22 min: one 30-minute session cannot hold all seven.
   Lab 8 runs with `python -m servebook.batch.tactics --profile gpu`; Lab 9 (two GPUs) with
   labs/tools/run_lab_l9_x2.sh on the nvidia-h200-x2 kind.
 PLAN
@@ -67,7 +69,7 @@ PY
 
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
-  if [ -z "$file" ]; then echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 plan check" >&2; return 2; fi
+  if [ -z "$file" ]; then echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 plan check" >&2; return 2; fi
   mkdir -p "$OUT"
   echo "=== $key ($file) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
