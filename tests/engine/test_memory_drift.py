@@ -20,7 +20,7 @@ import pytest
 
 from servebook.memory import V2_RUNNER_MOE_ARCHITECTURES
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_env]   # vLLM's Python, no engine start
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

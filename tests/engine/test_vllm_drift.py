@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm_env]   # vLLM's Python, no engine start
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
