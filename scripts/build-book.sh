@@ -54,7 +54,25 @@ build() {
     echo "hint: a failing notebook prints its traceback above and in _build/html/reports/; run it alone with: .venv/bin/python -m pytest tests/test_notebooks.py -k <name>" >&2
     return $rc
   fi
+  write_root_redirect
   say "book built: $ROOT/_build/html/index.html"
+}
+
+# jupyter-book's root index.html is a bare meta refresh: without an icon link, Chromium may ask the
+# server for /favicon.ico (a 404 and a console error) before it follows the redirect.
+write_root_redirect() {
+  cat > _build/html/index.html <<'HTML'
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Serving with vLLM</title>
+<link rel="icon" href="_static/favicon.svg" type="image/svg+xml">
+<meta http-equiv="Refresh" content="0; url=book/index.html">
+</head>
+<body><p><a href="book/index.html">Serving with vLLM</a></p></body>
+</html>
+HTML
 }
 
 if [ "${SERVEBOOK_NESTED:-0}" = 1 ]; then
