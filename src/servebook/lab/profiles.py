@@ -43,7 +43,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 16, "input_len": 64, "output_len": 32,
                "max_model_len": 1024, "gpu_memory_utilization": None, "max_num_seqs": 64},
         # L5: decodes running, then one long prompt; chunked budgets swept, then chunking off.
-        "l5": {"decode_requests": 4, "decode_prompt_tokens": 16, "decode_output_tokens": 400, "warm_tokens": 16,
+        "l5": {"decode_requests": 4, "decode_prompt_tokens": 16, "decode_output_tokens": 200, "warm_tokens": 16,
                "long_prompt_tokens": 930, "long_output_tokens": 2, "max_model_len": 1024, "max_num_seqs": 8,
                "max_num_batched_tokens": [64], "unchunked_max_num_batched_tokens": 1024, "repeats": 1,
                "enforce_eager": True},
