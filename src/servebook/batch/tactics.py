@@ -65,9 +65,9 @@ PROFILES = {
     "cpu-smoke": Profile(
         name="cpu-smoke", model_config=None, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=2048,
         block_tokens=128,
-        workload=WorkloadSpec(num_requests=64, num_prefixes=4, prefix_tokens=256, tail_tokens=(8, 300),
+        workload=WorkloadSpec(num_requests=32, num_prefixes=4, prefix_tokens=256, tail_tokens=(8, 300),
                               output_tokens=(4, 24), vocab_size=512, seed=1),
-        loose_max_tokens=400, chunk_size=64, repeats=1,
+        loose_max_tokens=400, chunk_size=32, repeats=1,
         engine_kwargs={"enforce_eager": True, "dtype": "float32"}),
     "gpu": Profile(
         name="gpu", model_config="llama-3.1-8b", max_model_len=16384, max_num_seqs=256,
