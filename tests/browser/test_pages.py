@@ -118,6 +118,10 @@ def visit(browser: Browser, url: str, screenshot: Path, settle_s: float = 0.5,
             status = params["response"]["status"]
             if status >= 400:
                 report.failed.append(f"{status} {params['response']['url']}")
+            if params.get("type") == "Document":
+                # A document that answered is not pending: after a redirect (the root index.html's
+                # meta refresh) Chromium sends no loadingFinished for the new document's request.
+                in_flight.discard(params["requestId"])
         elif method in ("Network.loadingFinished", "Network.loadingFailed"):
             in_flight.discard(params["requestId"])
             last_activity[0] = time.monotonic()
