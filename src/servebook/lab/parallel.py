@@ -209,27 +209,37 @@ def running_replicas(model: str, engine_args: dict, envs: Sequence[dict], *,
     servers = [VllmServer(model, engine_args, env=e, port=p, startup_timeout_s=startup_timeout_s, lock=False)
                for e, p in zip(envs, ports)]
     with timed_engine_lock():
-        errors: list[BaseException | None] = [None] * len(servers)
-
-        def start(i: int) -> None:
-            try:
-                servers[i].start()
-            except BaseException as exc:  # noqa: BLE001  (re-raised below in this thread)
-                errors[i] = exc
-
-        threads = [threading.Thread(target=start, args=(i,), daemon=True) for i in range(len(servers))]
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            failed = [e for e in errors if e is not None]
-            if failed:
-                raise failed[0]
+            _each_in_a_thread(lambda i: servers[i].start(), len(servers))
             yield servers
         finally:
             for s in servers:
                 s.stop()
+
+
+def _each_in_a_thread(work, n: int) -> list:
+    """Run ``work(i)`` for ``i`` in ``range(n)`` at once, one thread each; return the results in order.
+
+    Waits for every thread; then re-raises the first exception (in index order) in this thread.
+    """
+    results: list = [None] * n
+    errors: list[BaseException | None] = [None] * n
+
+    def one(i: int) -> None:
+        try:
+            results[i] = work(i)
+        except BaseException as exc:  # noqa: BLE001  (re-raised below in the calling thread)
+            errors[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise failed[0]
+    return results
 
 
 def bench_replicas(servers: Sequence, *, num_prompts: int, seed: int = 0, **bench_kwargs) -> list[dict]:
@@ -242,24 +252,8 @@ def bench_replicas(servers: Sequence, *, num_prompts: int, seed: int = 0, **benc
     from servebook.lab.bench import run_bench
 
     counts = split_prompts(num_prompts, len(servers))
-    results: list[dict | None] = [None] * len(servers)
-    errors: list[BaseException | None] = [None] * len(servers)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = run_bench(servers[i], num_prompts=counts[i], seed=seed + i, **bench_kwargs)
-        except BaseException as exc:  # noqa: BLE001
-            errors[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(servers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    failed = [e for e in errors if e is not None]
-    if failed:
-        raise failed[0]
-    return [r for r in results if r is not None]
+    return _each_in_a_thread(
+        lambda i: run_bench(servers[i], num_prompts=counts[i], seed=seed + i, **bench_kwargs), len(servers))
 
 
 # ----------------------------------------------------------------------------- combined results
