@@ -112,16 +112,15 @@ def visit(browser: Browser, url: str, screenshot: Path, settle_s: float = 0.5,
             report.requests.append(params["request"]["url"])
             if not _is_local(params["request"]["url"]) and params["request"]["url"] not in report.blocked:
                 report.blocked.append(params["request"]["url"])
-            in_flight.add(params["requestId"])
+            # The tab's icon is fetched by the browser itself, which never reports that load as
+            # finished: waiting for it would run out the timeout (its status is still checked).
+            if not params["request"]["url"].split("?")[0].endswith(("/favicon.svg", "/favicon.ico")):
+                in_flight.add(params["requestId"])
             last_activity[0] = time.monotonic()
         elif method == "Network.responseReceived":
             status = params["response"]["status"]
             if status >= 400:
                 report.failed.append(f"{status} {params['response']['url']}")
-            if params.get("type") == "Document":
-                # A document that answered is not pending: after a redirect (the root index.html's
-                # meta refresh) Chromium sends no loadingFinished for the new document's request.
-                in_flight.discard(params["requestId"])
         elif method in ("Network.loadingFinished", "Network.loadingFailed"):
             in_flight.discard(params["requestId"])
             last_activity[0] = time.monotonic()
