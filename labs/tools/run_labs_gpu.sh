@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Run the GPU labs headless on one H100/H200 in the `gpu` profile; JSON results go to $OUT.
+# Run the GPU labs headless in the `gpu` profile, on one H100/H200 (Lab 9: on two); JSON results go to $OUT.
 #
 #   bash labs/tools/run_labs_gpu.sh plan          # print the plan below, run nothing
 #   bash labs/tools/run_labs_gpu.sh check         # imports only (about 20 s)
 #   bash labs/tools/run_labs_gpu.sh l1 [l2 ...]   # run these labs, one after another
+#   bash labs/tools/run_labs_gpu.sh l9-check      # Lab 9: imports, GPU count, MoE kernels (about 20 s)
+#   bash labs/tools/run_labs_gpu.sh l9-dense      # Lab 9 on TWO GPUs, Qwen3-32B:     TP=1, DP=2, TP=2
+#   bash labs/tools/run_labs_gpu.sh l9-moe        # Lab 9 on TWO GPUs, Qwen3-30B-A3B: TP=1, DP=2, TP=2, TP=2+EP
 #
 # On the lent H200 (see shared/gpu/README.md): install vLLM 0.26.0 with the four `run` calls of
 # its "Steps" section (core payload only: the labs use Llama-3.1-8B, no MoE), then ONE `run` call
@@ -19,16 +22,37 @@
 # and <lab>.log (the lab's printed output). Copy the JSON files, unedited, to labs/results/labs/.
 # Model: SERVEBOOK_LAB_MODEL (default llama-3.1-8b, random weights, load_format=dummy: no
 # download); SERVEBOOK_LAB_HF_MODEL=<hub repo> serves a real checkpoint on an online node.
+#
+# Lab 9 (TP vs DP, labs/l9_tp_vs_dp.md) needs a node with TWO GPUs: on the lent 2xH200 use the kind
+# `nvidia-h200-x2` for EVERY call (or the machine changes and the install is lost), and install
+# vLLM 0.26.0 with the "Steps" section's `run` calls INCLUDING the MoE payload (step 3,
+# `.gpu-stage/c4` = vllm-moe.tar.xz.part-00: Qwen3-30B-A3B needs vllm._moe_C; without it the MoE
+# run fails at start-up), then ONE `run` call per model, each at once after the previous one:
+#
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l9-dense
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l9-moe
+#
+# (`l9-check` takes ~20 s: run it with the install's last call, not beside `l9-dense` or `l9-moe`,
+# which use the whole 600 s of a call.) l9-dense and l9-moe set SERVEBOOK_LAB_MODEL (qwen3-32b,
+# qwen3-30b-a3b) and are capped at 580 s (LAB_TIMEOUT_S overrides it; 10 s to stop after the cap);
+# inside it the lab skips a configuration that its own budget (LAB_PARAMS gpu l9 time_budget_s)
+# cannot hold and saves its result after every configuration, so a cut-off run still returns what
+# it measured. Files under $OUT: l9_tp_vs_dp_<model>_gpu.json (schema servebook.lab/1: GPUs,
+# driver, vLLM version, config hash, every engine's flags and full log, per-request timings, the
+# predictions) and l9_dense.log / l9_moe.log (the lab's printed output).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${OUT:-$ROOT/labs/results/labs}
 PY=${PY:-python3}
-LAB_TIMEOUT_S=${LAB_TIMEOUT_S:-570}
+LAB_TIMEOUT_S=${LAB_TIMEOUT_S:-}   # empty: 570 s a lab, 580 s for l9-dense / l9-moe
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export SERVEBOOK_LAB_PROFILE=gpu SERVEBOOK_LAB_RESULTS="$OUT" MPLBACKEND=Agg
 export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine.lock}
 declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
-                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative)
+                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative
+                [l9-dense]=l9_tp_vs_dp [l9-moe]=l9_tp_vs_dp)
+# Lab 9 runs once per model; its result file and log are named after the model.
+declare -A L9_MODEL=([l9-dense]=qwen3-32b [l9-moe]=qwen3-30b-a3b)
 
 plan() {
   cat <<'PLAN'
@@ -50,8 +74,16 @@ recorded 20-90 s engine starts; every lab is capped at 570 s):
                      with CUDA graphs: n-gram, draft, untrained draft, schedule ~7-9 min
   total device time for l1-l4: about 17-21 min, plus ~3 min install (shared/gpu/README.md);
   l5-l7 add about 17-22 min: one 30-minute session cannot hold all seven.
-  Lab 8 runs with `python -m servebook.batch.tactics --profile gpu`; Lab 9 (two GPUs) with
-  labs/tools/run_lab_l9_x2.sh on the nvidia-h200-x2 kind.
+  Lab 8 runs with `python -m servebook.batch.tactics --profile gpu`.
+
+Lab 9 needs 2x H200 (NVLink; kind nvidia-h200-x2), vLLM 0.26.0, random weights, CUDA graphs; per
+configuration an engine start (20-90 s; the DP replicas start together and reuse TP=1's compile
+cache), a warm-up, 8 single-stream requests (512 in / 32 out) and 256 requests at once (512 in /
+128 out); every model is capped at 580 s:
+  l9-dense  Qwen3-32B      TP=1, DP=2 (two pinned servers), TP=2                ~6-8 min
+  l9-moe    Qwen3-30B-A3B  TP=1, DP=2, TP=2, TP=2 --enable-expert-parallel      ~8-9.5 min
+            (the EP point is skipped, and the result says so, if the budget cannot hold it)
+  install (core + moe payloads) ~3-4 min; total device time ~18-22 min of one 30-minute session.
 PLAN
 }
 
@@ -67,16 +99,44 @@ print("profile", p.name, p.model_id, "catalogue GPU", p.gpu_name, "model dir", p
 PY
 }
 
+l9_check() {
+  "$PY" - <<'PY'
+import sys, torch, vllm
+import servebook.lab, servebook.lab.parallel
+from servebook.lab import get_profile
+from servebook.lab.parallel import visible_gpus
+try:
+    import vllm._moe_C_stable_libtorch  # noqa: F401
+    moe = "loaded"
+except ImportError:
+    moe = "ABSENT: install the moe payload (shared/gpu/README.md step 3) before `l9-moe`"
+p = get_profile("gpu")
+print("python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
+      "GPUs (nvidia-smi)", visible_gpus(), "torch sees", torch.cuda.device_count(), "| MoE kernels:", moe)
+print("profile", p.name, "catalogue GPU", p.gpu_name)
+if visible_gpus() < 2:
+    sys.exit("Lab 9 needs two GPUs: ask for the nvidia-h200-x2 kind")
+PY
+}
+
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
-  if [ -z "$file" ]; then echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 plan check" >&2; return 2; fi
+  if [ -z "$file" ]; then
+    echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 l9-dense l9-moe plan check l9-check" >&2; return 2
+  fi
+  local model=${L9_MODEL[$key]:-} log=$key result=${file}_gpu.json cap=${LAB_TIMEOUT_S:-570} grace=20
+  local -a model_env=()
+  if [ -n "$model" ]; then  # 580 + 10 s stays inside a 600 s `run` call
+    log=l9_${key#l9-} result=${file}_${model}_gpu.json cap=${LAB_TIMEOUT_S:-580} grace=10
+    model_env=(env "SERVEBOOK_LAB_MODEL=$model")
+  fi
   mkdir -p "$OUT"
-  echo "=== $key ($file) start $(date -u +%FT%TZ)"
+  echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
-  timeout --signal=INT --kill-after=20 "$LAB_TIMEOUT_S" \
-    "$PY" -m servebook.lab.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$key.log" | grep -v "^\s*$" | tail -60
+  ${model_env[@]+"${model_env[@]}"} timeout --signal=INT --kill-after="$grace" "$cap" \
+    "$PY" -m servebook.lab.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$log.log" | grep -v "^\s*$" | tail -60
   local rc=${PIPESTATUS[0]}
-  echo "=== $key exit $rc after $((SECONDS - t0)) s; result: $(ls "$OUT/${file}_gpu.json" 2>/dev/null || echo MISSING)"
+  echo "=== $key exit $rc after $((SECONDS - t0)) s; result: $(ls "$OUT/$result" 2>/dev/null || echo MISSING)"
   return "$rc"
 }
 
@@ -86,6 +146,7 @@ for arg in "$@"; do
   case "$arg" in
     plan) plan ;;
     check) check || status=1 ;;
+    l9-check) l9_check || status=1 ;;
     *) run_lab "$arg" || status=1 ;;
   esac
 done

@@ -1,9 +1,11 @@
-"""Run a GPU lab notebook top to bottom in the ``cpu-smoke`` profile (shared by the lab smoke tests).
+"""Run a lab notebook (``labs/*.md``) top to bottom, the way the book executes notebooks (shared by the lab tests).
 
-The lab (``labs/*.md``, MyST markdown) is converted with jupytext and executed with nbclient in the
-book's kernel, with ``SERVEBOOK_LAB_PROFILE=cpu-smoke`` and results sent to ``results``. Returns the
-JSON document the lab saved (``<lab>_cpu-smoke.json``) and prints the lab's wall time, separating the
-time spent waiting for other engines (the machine-wide engine lock).
+``execute_lab`` is the one runner: jupytext converts the lab, nbclient runs it in the book's
+``python3`` kernel from the lab's folder, with the variables given added to the kernel's
+environment only (this test process's ``os.environ`` is left as it was, so nothing leaks into
+later tests). ``run_lab`` runs one of the labs that save ``<lab>_cpu-smoke.json`` through
+``servebook.lab.results`` in the ``cpu-smoke`` profile, returns that document and prints the lab's
+wall time, separating the time spent waiting for other engines (the machine-wide engine lock).
 """
 from __future__ import annotations
 
@@ -14,19 +16,25 @@ from pathlib import Path
 
 import jupytext
 import nbclient
+import nbformat
 
 LABS = Path(__file__).resolve().parents[2] / "labs"
 PROVENANCE = ("date", "gpu", "vllm_version", "config", "config_sha256", "engine_args", "profile")
 
 
-def run_lab(path: Path, results: Path, timeout_s: int = 400) -> dict:
-    """Execute one lab in ``cpu-smoke``; return its saved result document."""
+def execute_lab(path: Path, env: dict[str, str], timeout_s: int) -> nbformat.NotebookNode:
+    """Execute the lab at ``path`` with ``env`` added to its kernel's environment; return the executed notebook."""
     nb = jupytext.read(path)
-    os.environ["SERVEBOOK_LAB_PROFILE"] = "cpu-smoke"
-    os.environ["SERVEBOOK_LAB_RESULTS"] = str(results)
+    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute(env={**os.environ, **env})  # handed to the kernel's start, not set in this process
+    return nb
+
+
+def run_lab(path: Path, results: Path, timeout_s: int = 400) -> dict:
+    """Execute one lab in ``cpu-smoke`` with its results sent to ``results``; return its saved result document."""
     t0 = time.monotonic()
-    nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(LABS)}}).execute()
+    execute_lab(path, {"SERVEBOOK_LAB_PROFILE": "cpu-smoke", "SERVEBOOK_LAB_RESULTS": str(results)}, timeout_s)
     wall = time.monotonic() - t0
     [out] = results.glob(f"{path.stem}_cpu-smoke.json")
     doc = json.loads(out.read_text())

@@ -1,42 +1,28 @@
 """Lab L8 (labs/l8_batch_tactics.md) runs top to bottom in its cpu-smoke profile and records its JSON.
 
-The runner is jupytext + nbclient with the ``python3`` kernel, the way the book executes notebooks;
-the lab takes the engine lock itself (one ``vllm serve`` start, then one ``LLM`` start).
+The runner is tests/engine/labrun.py's ``execute_lab`` (jupytext + nbclient with the ``python3``
+kernel, the way the book executes notebooks); the lab takes the engine lock itself (one ``vllm
+serve`` start, then one ``LLM`` start).
 """
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jupytext")
+pytest.importorskip("nbclient")
+
+from labrun import LABS, execute_lab  # noqa: E402
+
 pytestmark = pytest.mark.engine
-LAB = Path(__file__).resolve().parents[2] / "labs" / "l8_batch_tactics.md"
-
-
-def run_lab(path: Path, profile: str, results_dir: Path, timeout_s: int = 900):
-    """Execute a MyST lab with ``SERVEBOOK_LAB_PROFILE`` and ``SERVEBOOK_LAB_RESULTS_DIR`` set."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    nb = jupytext.read(path)
-    old = {k: os.environ.get(k) for k in ("SERVEBOOK_LAB_PROFILE", "SERVEBOOK_LAB_RESULTS_DIR", "MPLBACKEND")}
-    os.environ.update(SERVEBOOK_LAB_PROFILE=profile, SERVEBOOK_LAB_RESULTS_DIR=str(results_dir), MPLBACKEND="Agg")
-    try:
-        NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return nb
+LAB = LABS / "l8_batch_tactics.md"
 
 
 def test_lab_l8_cpu_smoke_runs_and_records(tmp_path):
-    nb = run_lab(LAB, "cpu-smoke", tmp_path)
+    # L8 reads its own variable for where to write (SERVEBOOK_LAB_RESULTS_DIR), not SERVEBOOK_LAB_RESULTS.
+    nb = execute_lab(LAB, {"SERVEBOOK_LAB_PROFILE": "cpu-smoke", "SERVEBOOK_LAB_RESULTS_DIR": str(tmp_path),
+                           "MPLBACKEND": "Agg"}, timeout_s=900)
     files = list(tmp_path.glob("l8-cpu-smoke-*.json"))
     assert len(files) == 1, files
     doc = json.loads(files[0].read_text())

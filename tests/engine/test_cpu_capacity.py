@@ -121,20 +121,16 @@ print("SERVEBOOK_ARGS " + json.dumps({k: getattr(args, k) for k in keys}))
 
 
 @pytest.mark.vllm_env
-def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(tmp_path):
+def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(vllm_probe, tmp_path):
     import shlex
 
     from servebook.commands.plan import make_plan
-    from servebook.engine_env import vllm_python
-    import subprocess
 
     plan = make_plan("llama-3.1-8b", available_kv_gib=50, max_model_len=8192, tp=2,
                      kv_cache_dtype="fp8", block_size=32, gpu_memory_utilization=0.9)
     argv = shlex.split(plan.serve_command())
     assert argv[:2] == ["vllm", "serve"]
-    script = tmp_path / "parse.py"
-    script.write_text(PARSE)
-    proc = subprocess.run([str(vllm_python()), str(script), *argv[2:]], capture_output=True, text=True, timeout=300)
+    proc = vllm_probe.run_source(tmp_path, PARSE, *argv[2:])
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_ARGS "))
     parsed = json.loads(line.split(" ", 1)[1])
@@ -208,11 +204,9 @@ REFERENCE_CASES = [
 
 
 @pytest.mark.vllm_env
-def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(tmp_path):
+def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(vllm_probe, tmp_path):
     import dataclasses
-    import subprocess
 
-    from servebook.engine_env import vllm_python
     from servebook.kv_cache import layer_cache_specs
 
     cases, expected = [], {}
@@ -229,9 +223,7 @@ def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(tmp_pa
         expected[name] = capacity(spec, available, max_model_len=length, max_num_batched_tokens=tokens,
                                   kv_cache_dtype=dtype, tp=tp, device="cuda")
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    (tmp_path / "vllm_kv_math.py").write_text(VLLM_MATH)
-    proc = subprocess.run([str(vllm_python()), str(tmp_path / "vllm_kv_math.py"), str(tmp_path / "cases.json")],
-                          capture_output=True, text=True, timeout=300)
+    proc = vllm_probe.run_source(tmp_path, VLLM_MATH, tmp_path / "cases.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_VLLM "))
     for got in json.loads(line.split(" ", 1)[1]):
@@ -276,15 +268,11 @@ print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 
 
 @pytest.mark.vllm_env
-def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(tmp_path):
-    import subprocess
-
-    from servebook.engine_env import vllm_python
+def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
     from servebook.kv_cache import (CUDA_DEFAULT_BLOCK_SIZE, KV_DTYPE_BYTES, SLIDING_KERNEL_BLOCK_SIZE)
     from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
 
-    (tmp_path / "defaults.py").write_text(DEFAULTS)
-    proc = subprocess.run([str(vllm_python()), str(tmp_path / "defaults.py")], capture_output=True, text=True, timeout=300)
+    proc = vllm_probe.run_source(tmp_path, DEFAULTS)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_DEFAULTS "))
     got = json.loads(line.split(" ", 1)[1])

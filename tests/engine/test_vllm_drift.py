@@ -5,14 +5,13 @@ vLLM's own ``vllm serve`` argument parser), config-dataclass defaults, runtime d
 and, for batch defaults, vLLM's own function), Prometheus metric names and log-line formats.
 tests/test_book_claims.py makes sure the pages name nothing that is not in that file. Here, too,
 every ``vllm serve`` command the book prints (literal fenced commands and the ones the pages build
-with ``servebook plan``) must parse with vLLM's parser. One subprocess in .venv-vllm; no engine.
+with ``servebook plan``) must parse with vLLM's parser. Runs in the shared vLLM probe (vllm_probe.py); no engine.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import shlex
-import subprocess
 import tomllib
 from pathlib import Path
 
@@ -70,24 +69,21 @@ def literal_commands() -> dict[str, list[str]]:
     return out
 
 
-def run_checker(tmp_path: Path, claims_text: str, argvs: list[list[str]]) -> dict:
-    from servebook.engine_env import vllm_python
-
+def run_checker(probe, tmp_path: Path, claims_text: str, argvs: list[list[str]]) -> dict:
     claims = tmp_path / "claims.toml"
     claims.write_text(claims_text)
     argv_file = tmp_path / "argv.json"
     argv_file.write_text(json.dumps(argvs))
-    proc = subprocess.run([str(vllm_python()), str(CHECKER), str(claims), str(argv_file)],
-                          capture_output=True, text=True, timeout=300)
+    proc = probe.run(CHECKER, claims, argv_file)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_CLAIMS "))
     return json.loads(line.split(" ", 1)[1])
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory):
+def checked(vllm_probe, tmp_path_factory):
     commands = {**plan_commands(), **literal_commands()}
-    got = run_checker(tmp_path_factory.mktemp("claims"), CLAIMS_PATH.read_text(), list(commands.values()))
+    got = run_checker(vllm_probe, tmp_path_factory.mktemp("claims"), CLAIMS_PATH.read_text(), list(commands.values()))
     got["commands"] = dict(zip(commands, got["argv"]))
     return got
 
@@ -110,7 +106,7 @@ def test_every_printed_serve_command_parses(checked):
     assert bad == {}
 
 
-def test_checker_reports_planted_drift(tmp_path):
+def test_checker_reports_planted_drift(vllm_probe, tmp_path):
     """The checker is not a rubber stamp: each kind of wrong claim is reported."""
     planted = """
 pinned = "0.27.1"
@@ -164,7 +160,7 @@ format = "GPU KV cache size: %s tokens"
 example = "GPU KV cache size: 10 blocks"
 source_file = "v1/core/kv_cache_utils.py"
 """
-    got = run_checker(tmp_path, planted, [["m", "--max-num-seqs", "many"], ["m", "--max-num-seqs", "8"]])
+    got = run_checker(vllm_probe, tmp_path, planted, [["m", "--max-num-seqs", "many"], ["m", "--max-num-seqs", "8"]])
     results = got["results"]
     assert len(results) == 12
     assert "16000" in results["parse:--max-model-len 16k"]

@@ -113,7 +113,8 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 1,
                "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False},
         # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
-        # 3-4 configurations with CUDA graphs inside run_lab_l9_x2.sh's 580 s cap (time_budget_s guards it).
+        # 3-4 configurations with CUDA graphs inside the 580 s cap of run_labs_gpu.sh's l9-dense /
+        # l9-moe (time_budget_s guards it).
         "l9": {"models": None, "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
                "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
                "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
