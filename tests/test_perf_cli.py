@@ -69,3 +69,48 @@ def test_fleet_compare_draft_json(calibration, capsys):
 def test_fleet_needs_its_arguments(calibration, capsys):
     assert main(["fleet", "--config", "llama-3.1-8b"]) == 2
     assert "--gpu" in capsys.readouterr().err
+
+
+def _vllm_default_gpu_memory_utilization() -> float:
+    """vLLM 0.27.1's parser default, from the claims file that the drift test checks against vLLM itself."""
+    import tomllib
+    from importlib import resources
+
+    claims = tomllib.loads(resources.files("servebook").joinpath("data/vllm_claims.toml").read_text())
+    (flag,) = [f for f in claims["flag"] if f["flag"] == "--gpu-memory-utilization"]
+    return flag["parser_default"]
+
+
+def test_every_command_and_library_default_is_vllms_gpu_memory_utilization():
+    import argparse
+    import dataclasses
+    import inspect
+
+    from servebook.cli import build_parser
+    from servebook.perf import fleet
+
+    vllm_default = _vllm_default_gpu_memory_utilization()
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    defaults = {name: action.default for name, p in sub.choices.items() for action in p._actions
+                if "--gpu-memory-utilization" in action.option_strings}
+    assert {"plan", "step", "fleet"} <= set(defaults)
+    assert defaults == {name: vllm_default for name in defaults}
+    (field,) = [f for f in dataclasses.fields(fleet.Deployment) if f.name == "gpu_memory_utilization"]
+    assert field.default == vllm_default
+    for fn in (fleet.decode_batch_limit, fleet.check_decode_fits):
+        assert inspect.signature(fn).parameters["gpu_memory_utilization"].default == vllm_default
+
+
+def test_step_admits_the_batch_plan_says_fits(calibration, capsys):
+    # Qwen3-32B: 64 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes = 256 KiB a token, so a
+    # 4,096-token sequence holds exactly 1 GiB; plan's KV budget in GiB is then the batch that fits.
+    plan = _json(capsys, ["plan", "--config", "qwen3-32b", "--gpu", "h200", "--json"])
+    assert plan["kv_bytes_per_token"] == 64 * 8 * 128 * 2 * 2
+    fits = int(plan["available_kv_gib"])
+    step = _json(capsys, ["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode",
+                          "--batch", str(fits), "--context", "4096", "--json"])
+    assert step["kv_batch_limit"] == fits
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode",
+                 "--batch", str(fits + 1), "--context", "4096"]) == 2
+    assert f"at most {fits} sequences fit" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def register(sub) -> None:
@@ -34,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--spec-k", type=int, default=0, help="speculative drafts per step")
     p.add_argument("--spec-alpha", type=float, help="per-token draft acceptance (0-1)")
     p.add_argument("--draft-config", help="draft model config.json (omit for n-gram drafting, no GPU cost)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def register(sub) -> None:
@@ -26,8 +27,9 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, help="decode: running sequences")
     p.add_argument("--context", type=float, help="decode: mean context of the running sequences, tokens")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (model dtype) or fp8")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory vLLM may use (for the KV capacity check)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help="fraction of GPU memory vLLM may use, for the KV capacity check "
+                        f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--cudagraph-max-tokens", type=int, default=512,
                    help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly (default 512)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servebook.errors import DoesNotFitError, ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
@@ -125,7 +126,7 @@ class Deployment:
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     kv_budget_bytes_per_gpu: float | None = None
     speculation: Speculation | None = None
     price_per_gpu_hour: float = 0.0
@@ -341,7 +342,7 @@ def draft_estimate(requests: int, input_tokens: int, output_tokens: int, *, acti
 
 
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
-                       gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_num_batched_tokens: int = 8192,
                        max_num_seqs: int = 256) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
@@ -359,7 +360,7 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
 
 
 def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float, tp: int = 1,
-                      kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
+                      kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
                       max_num_batched_tokens: int = 8192) -> int:
     """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache."""
     limit, budget, per_seq = decode_batch_limit(spec, gpu, context_tokens=context_tokens, tp=tp,
