@@ -114,3 +114,46 @@ def test_step_admits_the_batch_plan_says_fits(calibration, capsys):
     assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode",
                  "--batch", str(fits + 1), "--context", "4096"]) == 2
     assert f"at most {fits} sequences fit" in capsys.readouterr().err
+
+
+FLEET_JOB = ["fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--requests", "1000",
+             "--input-tokens", "2000", "--output-tokens", "500"]
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--price-per-gpu-hour", "-2"),
+    ("--gpus", "0"), ("--gpus", "-8"),
+    ("--tp", "0"),
+    ("--requests", "0"), ("--requests", "-5"),
+    ("--input-tokens", "-2000"), ("--input-tokens", "0"),
+    ("--output-tokens", "0"),
+    ("--input-cv", "-1"), ("--output-cv", "-0.5"),
+    ("--batch", "0"), ("--batch", "-3"),
+    ("--max-num-seqs", "0"), ("--max-num-batched-tokens", "-1"),
+    ("--spec-k", "-1"),
+    ("--cudagraph-max-tokens", "-5"),
+])
+def test_fleet_refuses_a_negative_or_zero_option_and_names_it(calibration, capsys, option, value):
+    argv = list(FLEET_JOB)
+    if option in argv:
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{option} {float(value):g} is not allowed" in err and "must be >=" in err
+
+
+def test_fleet_library_refuses_a_negative_price():
+    from servebook.errors import ServebookError
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+
+    job = Workload(1000, LengthDistribution.fixed(2000), LengthDistribution.fixed(500))
+    with pytest.raises(ServebookError, match="negative"):
+        plan(job, Deployment("x", load_model_spec("llama-3.1-8b"), "h200", gpus=8, price_per_gpu_hour=-2,
+                             kv_budget_bytes_per_gpu=2**34), KNOWN)
+
+
+def test_fleet_free_gpus_cost_nothing(calibration, capsys):
+    assert _json(capsys, FLEET_JOB + ["--price-per-gpu-hour", "0", "--json"])["cost"] == 0

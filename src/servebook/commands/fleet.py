@@ -55,6 +55,32 @@ def _need(args, *names):
                              + " (or --compare-draft)")
 
 
+#: (option, smallest allowed value, what it is) for the numeric options of a fleet plan; None values are unset.
+_AT_LEAST = (
+    ("gpus", 1, "GPUs in the fleet"),
+    ("tp", 1, "tensor-parallel size"),
+    ("requests", 1, "requests in the job"),
+    ("input-tokens", 1, "mean prompt length in tokens"),
+    ("output-tokens", 1, "mean output length in tokens"),
+    ("input-cv", 0, "coefficient of variation (0 = fixed lengths)"),
+    ("output-cv", 0, "coefficient of variation (0 = fixed lengths)"),
+    ("batch", 1, "sequences per replica (omit it to take what the KV cache holds)"),
+    ("max-num-seqs", 1, "sequences per replica"),
+    ("max-num-batched-tokens", 1, "tokens per engine step"),
+    ("spec-k", 0, "drafts per step (0 = no speculation)"),
+    ("price-per-gpu-hour", 0, "price per GPU-hour (0 = no cost)"),
+    ("cudagraph-max-tokens", 1, "largest CUDA-graph step in tokens"),
+)
+
+
+def check_numbers(args) -> None:
+    """Refuse a negative or zero option where it makes no sense, naming the option and its lower bound."""
+    for name, low, what in _AT_LEAST:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value < low:
+            raise ServebookError(f"--{name} {value:g} is not allowed: it is the {what} and must be >= {low}")
+
+
 def run(args) -> int:
     from servebook.hf_config import load_model_spec
     from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, compare_with_draft, plan
@@ -77,6 +103,7 @@ def run(args) -> int:
         print(f"note: {where}")
         return 0
     _need(args, "config", "gpu", "gpus", "requests", "input-tokens", "output-tokens")
+    check_numbers(args)
     spec = load_model_spec(args.config)
     gpu = gpu_numbers(args.gpu)
     coeffs, where = calibrated_coefficients(gpu.name, args.calibration)

@@ -216,6 +216,14 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     """
     spec, tp = d.spec, d.tp
     check_tp(spec, tp)
+    if d.gpus < 1:
+        raise ServebookError(f"a fleet needs at least one GPU, got {d.gpus}")
+    if d.batch is not None and d.batch < 1:
+        raise ServebookError(f"batch {d.batch} is not allowed; use at least 1 (or None: what the KV cache holds)")
+    if d.price_per_gpu_hour < 0:
+        raise ServebookError(f"price per GPU-hour {d.price_per_gpu_hour:g} is negative; use a price >= 0 (0 = no cost)")
+    if d.cudagraph_max_tokens is not None and d.cudagraph_max_tokens < 1:
+        raise ServebookError(f"cudagraph_max_tokens {d.cudagraph_max_tokens} is not allowed; use at least 1 token")
     if d.gpus < tp or d.gpus % tp:
         raise ServebookError(f"{d.gpus} GPUs do not split into replicas of tp={tp}; use a multiple of {tp}")
     if workload.requests < 1:
