@@ -157,3 +157,19 @@ def test_fleet_library_refuses_a_negative_price():
 
 def test_fleet_free_gpus_cost_nothing(calibration, capsys):
     assert _json(capsys, FLEET_JOB + ["--price-per-gpu-hour", "0", "--json"])["cost"] == 0
+
+
+def test_fleet_and_step_refuse_requests_longer_than_the_model_alike(calibration, capsys):
+    # Qwen3-32B's config.json: max_position_embeddings 40960; 50,000 + 500 tokens exceed it.
+    fleet = ["fleet", "--config", "qwen3-32b", "--gpu", "h200", "--gpus", "8", "--requests", "1000",
+             "--input-tokens", "50000", "--output-tokens", "500"]
+    assert main(fleet) == 2
+    err = capsys.readouterr().err
+    assert "50,500 tokens, more than qwen3-32b's 40,960 max_position_embeddings" in err and "--input-tokens" in err
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "prefill", "--tokens", "50000"]) == 2
+    assert "50,000 tokens, more than qwen3-32b's 40,960 max_position_embeddings" in capsys.readouterr().err
+    # a request of exactly 40,960 tokens is planned by both
+    assert main(fleet[:-4] + ["--input-tokens", "40460", "--output-tokens", "500", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode", "--batch", "1",
+                 "--context", "40959"]) == 0

@@ -34,6 +34,7 @@ from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
+    check_sequence_length,
     check_tp,
     decode_work,
     kv_bytes_per_sequence,
@@ -246,6 +247,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         raise DoesNotFitError(f"{spec.name} weights do not leave KV cache room on {d.gpu} at tp={tp}; "
                               "raise --tp or use a GPU with more memory")
     longest = workload.input_tokens.max + workload.output_tokens.max
+    check_sequence_length(spec, longest, "the longest request (input + output)",
+                          "lower the input/output lengths (--input-tokens, --output-tokens) or their spread")
     if kv_bytes_per_sequence(spec, longest, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
                              sliding_extra_tokens=d.max_num_batched_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
