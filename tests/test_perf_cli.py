@@ -69,3 +69,107 @@ def test_fleet_compare_draft_json(calibration, capsys):
 def test_fleet_needs_its_arguments(calibration, capsys):
     assert main(["fleet", "--config", "llama-3.1-8b"]) == 2
     assert "--gpu" in capsys.readouterr().err
+
+
+def _vllm_default_gpu_memory_utilization() -> float:
+    """vLLM 0.27.1's parser default, from the claims file that the drift test checks against vLLM itself."""
+    import tomllib
+    from importlib import resources
+
+    claims = tomllib.loads(resources.files("servebook").joinpath("data/vllm_claims.toml").read_text())
+    (flag,) = [f for f in claims["flag"] if f["flag"] == "--gpu-memory-utilization"]
+    return flag["parser_default"]
+
+
+def test_every_command_and_library_default_is_vllms_gpu_memory_utilization():
+    import argparse
+    import dataclasses
+    import inspect
+
+    from servebook.cli import build_parser
+    from servebook.perf import fleet
+
+    vllm_default = _vllm_default_gpu_memory_utilization()
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    defaults = {name: action.default for name, p in sub.choices.items() for action in p._actions
+                if "--gpu-memory-utilization" in action.option_strings}
+    assert {"plan", "step", "fleet"} <= set(defaults)
+    assert defaults == {name: vllm_default for name in defaults}
+    (field,) = [f for f in dataclasses.fields(fleet.Deployment) if f.name == "gpu_memory_utilization"]
+    assert field.default == vllm_default
+    for fn in (fleet.decode_batch_limit, fleet.check_decode_fits):
+        assert inspect.signature(fn).parameters["gpu_memory_utilization"].default == vllm_default
+
+
+def test_step_admits_the_batch_plan_says_fits(calibration, capsys):
+    # Qwen3-32B: 64 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes = 256 KiB a token, so a
+    # 4,096-token sequence holds exactly 1 GiB; plan's KV budget in GiB is then the batch that fits.
+    plan = _json(capsys, ["plan", "--config", "qwen3-32b", "--gpu", "h200", "--json"])
+    assert plan["kv_bytes_per_token"] == 64 * 8 * 128 * 2 * 2
+    fits = int(plan["available_kv_gib"])
+    step = _json(capsys, ["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode",
+                          "--batch", str(fits), "--context", "4096", "--json"])
+    assert step["kv_batch_limit"] == fits
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode",
+                 "--batch", str(fits + 1), "--context", "4096"]) == 2
+    assert f"at most {fits} sequences fit" in capsys.readouterr().err
+
+
+FLEET_JOB = ["fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--requests", "1000",
+             "--input-tokens", "2000", "--output-tokens", "500"]
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--price-per-gpu-hour", "-2"),
+    ("--gpus", "0"), ("--gpus", "-8"),
+    ("--tp", "0"),
+    ("--requests", "0"), ("--requests", "-5"),
+    ("--input-tokens", "-2000"), ("--input-tokens", "0"),
+    ("--output-tokens", "0"),
+    ("--input-cv", "-1"), ("--output-cv", "-0.5"),
+    ("--batch", "0"), ("--batch", "-3"),
+    ("--max-num-seqs", "0"), ("--max-num-batched-tokens", "-1"),
+    ("--spec-k", "-1"),
+    ("--cudagraph-max-tokens", "-5"),
+])
+def test_fleet_refuses_a_negative_or_zero_option_and_names_it(calibration, capsys, option, value):
+    argv = list(FLEET_JOB)
+    if option in argv:
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{option} {float(value):g} is not allowed" in err and "must be >=" in err
+
+
+def test_fleet_library_refuses_a_negative_price():
+    from servebook.errors import ServebookError
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+
+    job = Workload(1000, LengthDistribution.fixed(2000), LengthDistribution.fixed(500))
+    with pytest.raises(ServebookError, match="negative"):
+        plan(job, Deployment("x", load_model_spec("llama-3.1-8b"), "h200", gpus=8, price_per_gpu_hour=-2,
+                             kv_budget_bytes_per_gpu=2**34), KNOWN)
+
+
+def test_fleet_free_gpus_cost_nothing(calibration, capsys):
+    assert _json(capsys, FLEET_JOB + ["--price-per-gpu-hour", "0", "--json"])["cost"] == 0
+
+
+def test_fleet_and_step_refuse_requests_longer_than_the_model_alike(calibration, capsys):
+    # Qwen3-32B's config.json: max_position_embeddings 40960; 50,000 + 500 tokens exceed it.
+    fleet = ["fleet", "--config", "qwen3-32b", "--gpu", "h200", "--gpus", "8", "--requests", "1000",
+             "--input-tokens", "50000", "--output-tokens", "500"]
+    assert main(fleet) == 2
+    err = capsys.readouterr().err
+    assert "50,500 tokens, more than qwen3-32b's 40,960 max_position_embeddings" in err and "--input-tokens" in err
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "prefill", "--tokens", "50000"]) == 2
+    assert "50,000 tokens, more than qwen3-32b's 40,960 max_position_embeddings" in capsys.readouterr().err
+    # a request of exactly 40,960 tokens is planned by both
+    assert main(fleet[:-4] + ["--input-tokens", "40460", "--output-tokens", "500", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["step", "--config", "qwen3-32b", "--gpu", "h200", "--phase", "decode", "--batch", "1",
+                 "--context", "40959"]) == 0

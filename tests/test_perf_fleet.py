@@ -93,3 +93,25 @@ def test_chunk_budget_meets_its_target():
     with pytest.raises(ServebookError, match="already take longer"):
         recommend_max_num_batched_tokens(LLAMA, H200, KNOWN, target_step_s=0.001, max_num_seqs=16,
                                          decode_context_tokens=2000)
+
+
+def test_draft_comparison_names_the_prefill_terms_by_hand():
+    from servebook.perf import gpu_numbers
+    from servebook.perf.fleet import compare_with_draft
+
+    h100 = gpu_numbers("h100")
+    moe = compare_with_draft(KNOWN, h100)[0]          # Gemma 4 26B-A4B, TP 8, batch 48, 12,000 in / 3,000 out
+    ours = moe["ours"]
+    # 48 sequences finish 3,000 tokens each, so a step admits 48 / 3000 requests = 192 prompt tokens; each of
+    # the 2 x 30 all-reduces per step moves 2 (tp - 1) / tp of a tokens x 2816 x 2-byte activation over the
+    # link (KNOWN has no latency and link efficiency 1).
+    assert ours["prefill_tokens_per_step"] == pytest.approx(48 / 3000 * 12000)
+    allreduce_s = 2 * 30 * (2 * 7 / 8) * 192 * 2816 * 2 / h100.link_bytes_per_s_each_way
+    assert ours["prefill_step_terms_s"]["allreduce_s"] == pytest.approx(allreduce_s, rel=1e-9)
+    steps = 10_000_000 / (48 / 3000)                   # one replica
+    assert ours["steps_per_replica"] == pytest.approx(steps)
+    assert f"TP all-reduce of their activations {allreduce_s * 1e3:.2f} ms ({steps * allreduce_s / 3600:.0f} h)" \
+        in moe["why"]
+    # the terms are the whole prefill share of the step, so their hours add up to our prefill hours
+    assert sum(ours["prefill_step_terms_s"].values()) * steps / 3600 == pytest.approx(ours["prefill_hours"])
+    assert "rather than the assumed" not in moe["why"]

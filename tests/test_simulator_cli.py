@@ -31,3 +31,27 @@ def test_simulate_text_and_errors(capsys):
     assert main(["simulate", "--requests", "10", "--num-blocks", "2"]) == 2
     err = capsys.readouterr().err
     assert "num_blocks" in err and "Traceback" not in err
+
+
+def test_simulate_says_how_many_requests_max_model_len_cut(capsys):
+    # long-context prompts have a median of 8,000 tokens (sigma 0.5): none of 10 is drawn under 10 tokens,
+    # so every prompt is cut to max_model_len - 1 = 9 tokens and every output to the 1 token left.
+    argv = ["simulate", "--requests", "10", "--max-model-len", "10", "--lengths", "long-context"]
+    assert main(argv + ["--json", "--steps"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(r["prompt_tokens"], r["output_tokens"]) for r in data["requests"]} == {(9, 1)}
+    t = data["truncation"]
+    assert (t["requests"], t["prompts"], t["prompt_cap_tokens"], t["outputs"]) == (10, 10, 9, 10)
+    assert t["longest_drawn_tokens"] > 1000
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "10 of 10 requests cut" in out and "10 prompts cut to 9 tokens" in out and "--max-model-len" in out
+
+
+def test_simulate_reports_no_cut_when_lengths_fit(capsys):
+    argv = ["simulate", "--requests", "20", "--lengths", "alpaca-like", "--max-model-len", "100000"]
+    assert main(argv + ["--json"]) == 0
+    t = json.loads(capsys.readouterr().out)["truncation"]
+    assert (t["requests"], t["prompts"], t["outputs"]) == (0, 0, 0) and t["longest_drawn_tokens"] < 100000
+    assert main(argv) == 0
+    assert "truncated" not in capsys.readouterr().out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def register(sub) -> None:
@@ -34,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--spec-k", type=int, default=0, help="speculative drafts per step")
     p.add_argument("--spec-alpha", type=float, help="per-token draft acceptance (0-1)")
     p.add_argument("--draft-config", help="draft model config.json (omit for n-gram drafting, no GPU cost)")
@@ -51,6 +53,32 @@ def _need(args, *names):
     if missing:
         raise ServebookError("servebook fleet needs " + ", ".join(f"--{m}" for m in missing)
                              + " (or --compare-draft)")
+
+
+#: (option, smallest allowed value, what it is) for the numeric options of a fleet plan; None values are unset.
+_AT_LEAST = (
+    ("gpus", 1, "GPUs in the fleet"),
+    ("tp", 1, "tensor-parallel size"),
+    ("requests", 1, "requests in the job"),
+    ("input-tokens", 1, "mean prompt length in tokens"),
+    ("output-tokens", 1, "mean output length in tokens"),
+    ("input-cv", 0, "coefficient of variation (0 = fixed lengths)"),
+    ("output-cv", 0, "coefficient of variation (0 = fixed lengths)"),
+    ("batch", 1, "sequences per replica (omit it to take what the KV cache holds)"),
+    ("max-num-seqs", 1, "sequences per replica"),
+    ("max-num-batched-tokens", 1, "tokens per engine step"),
+    ("spec-k", 0, "drafts per step (0 = no speculation)"),
+    ("price-per-gpu-hour", 0, "price per GPU-hour (0 = no cost)"),
+    ("cudagraph-max-tokens", 1, "largest CUDA-graph step in tokens"),
+)
+
+
+def check_numbers(args) -> None:
+    """Refuse a negative or zero option where it makes no sense, naming the option and its lower bound."""
+    for name, low, what in _AT_LEAST:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value < low:
+            raise ServebookError(f"--{name} {value:g} is not allowed: it is the {what} and must be >= {low}")
 
 
 def run(args) -> int:
@@ -75,6 +103,7 @@ def run(args) -> int:
         print(f"note: {where}")
         return 0
     _need(args, "config", "gpu", "gpus", "requests", "input-tokens", "output-tokens")
+    check_numbers(args)
     spec = load_model_spec(args.config)
     gpu = gpu_numbers(args.gpu)
     coeffs, where = calibrated_coefficients(gpu.name, args.calibration)

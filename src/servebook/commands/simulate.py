@@ -1,9 +1,11 @@
 """``servebook simulate``: run the scheduler simulator on a synthetic workload."""
 from __future__ import annotations
 
+import json
 import math
 
-from servebook.simulator import LENGTH_PRESETS, POLICIES, RESERVATIONS, SchedulerConfig, simulate, synthetic_workload
+from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, SchedulerConfig, simulate,
+                                 synthetic_workload_with_truncation)
 
 
 def register(sub) -> None:
@@ -41,13 +43,15 @@ def run(args) -> int:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_prefix_caching=not args.no_prefix_caching, policy=args.policy, reservation=args.reservation,
     )
-    requests = synthetic_workload(
+    requests, truncation = synthetic_workload_with_truncation(
         args.requests, arrival_rate_per_s=args.rate, lengths=args.lengths, max_model_len=args.max_model_len,
         shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed,
     )
     result = simulate(requests, config)
     if args.json:
-        print(result.to_json(include_steps=args.steps))
+        data = json.loads(result.to_json(include_steps=args.steps))
+        data["truncation"] = truncation.to_dict()
+        print(json.dumps(data, indent=2))
         return 0
     s = result.summary()
     rows = [
@@ -63,6 +67,8 @@ def run(args) -> int:
         ("KV holding tokens", f"{s['kv_utilisation'] * 100:.1f}% of reserved KV memory (time-weighted)"),
         ("mean running", f"{s['mean_running']:.1f} sequences"),
     ]
+    if truncation.requests:
+        rows.insert(2, ("truncated", truncation.describe(len(requests))))
     for key, value in rows:
         print(f"{key:18s}{value}")
     print("step times: illustrative stand-in cost model (servebook.simulator.LinearStepTime), not a measurement")

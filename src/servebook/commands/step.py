@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def register(sub) -> None:
@@ -26,8 +27,9 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, help="decode: running sequences")
     p.add_argument("--context", type=float, help="decode: mean context of the running sequences, tokens")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (model dtype) or fp8")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory vLLM may use (for the KV capacity check)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help="fraction of GPU memory vLLM may use, for the KV capacity check "
+                        f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--cudagraph-max-tokens", type=int, default=512,
                    help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly (default 512)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
@@ -40,7 +42,7 @@ def run(args) -> int:
     from servebook.perf.fleet import check_decode_fits
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients, decode_step, prefill_step
-    from servebook.perf.work import check_tp
+    from servebook.perf.work import check_sequence_length, check_tp
 
     spec = load_model_spec(args.config)
     gpu = gpu_numbers(args.gpu)
@@ -59,9 +61,7 @@ def run(args) -> int:
         if args.prior_tokens < 0:
             raise ServebookError("--prior-tokens must be >= 0")
         total = args.tokens + args.prior_tokens
-        if total > spec.max_position_embeddings:
-            raise ServebookError(f"{total} tokens exceed the model's {spec.max_position_embeddings} "
-                                 "max_position_embeddings; use a shorter prompt")
+        check_sequence_length(spec, total, "the prompt (--tokens + --prior-tokens)", "use a shorter prompt")
         check_decode_fits(spec, gpu, batch=1, context_tokens=total, tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           max_num_batched_tokens=max(args.tokens, 1))
@@ -78,9 +78,7 @@ def run(args) -> int:
             raise ServebookError("--tokens belongs to --phase prefill; decode takes --batch and --context")
         if args.batch < 1 or args.context < 0:
             raise ServebookError("--batch must be >= 1 and --context >= 0 tokens")
-        if args.context + 1 > spec.max_position_embeddings:
-            raise ServebookError(f"--context {args.context:.0f} exceeds the model's "
-                                 f"{spec.max_position_embeddings} max_position_embeddings")
+        check_sequence_length(spec, args.context + 1, "--context plus the token being decoded", "lower --context")
         limit = check_decode_fits(spec, gpu, batch=args.batch, context_tokens=args.context, tp=args.tp,
                                   kv_cache_dtype=args.kv_cache_dtype,
                                   gpu_memory_utilization=args.gpu_memory_utilization)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from servebook.engine_env import REPO_ROOT
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 
 GIB = 2**30
 
@@ -89,19 +90,20 @@ def _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization)
 
 
 def available_kv_gib(model: str, gpu: str, max_model_len: int, tp: int = 1,
-                     gpu_memory_utilization: float = 0.92) -> float:
+                     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
     """Predicted ``Available KV cache memory`` per GPU for ``vllm serve`` defaults, GiB."""
     return _plan(model, gpu, max_model_len, tp, "auto", gpu_memory_utilization).available_kv_bytes / GIB
 
 
 def max_concurrency(model: str, gpu: str, max_model_len: int, tp: int = 1, kv_cache_dtype: str = "auto",
-                    gpu_memory_utilization: float = 0.92) -> float:
+                    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
     """Predicted ``Maximum concurrency for max_model_len tokens per request`` (requests)."""
     return _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization).capacity.max_concurrency
 
 
 def recommended_max_num_seqs(model: str, gpu: str, max_model_len: int, tp: int = 1,
-                             kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.92) -> float:
+                             kv_cache_dtype: str = "auto",
+                             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
     """``servebook plan``'s ``--max-num-seqs`` (85% of the KV ceiling, capped by vLLM's default), sequences."""
     return _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization).recommended_max_num_seqs
 
@@ -115,8 +117,6 @@ def kv_budget_change_gib(model: str, gpu: str, max_model_len: int, utilization_f
 
 def default_reserve_gib(gpu: str) -> float:
     """GiB of a GPU outside vLLM 0.27.1's default ``gpu_memory_utilization`` budget."""
-    from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
-
     return _gpu(gpu).memory_bytes * (1 - DEFAULT_GPU_MEMORY_UTILIZATION) / GIB
 
 

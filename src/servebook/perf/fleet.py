@@ -27,12 +27,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servebook.errors import DoesNotFitError, ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
+    check_sequence_length,
     check_tp,
     decode_work,
     kv_bytes_per_sequence,
@@ -125,7 +127,7 @@ class Deployment:
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     kv_budget_bytes_per_gpu: float | None = None
     speculation: Speculation | None = None
     price_per_gpu_hour: float = 0.0
@@ -158,6 +160,12 @@ class FleetPlan:
     output_tokens_per_s: float
     kv_budget_bytes_per_gpu: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Seconds each step-time term (``linear_s``, ``attention_s``, ``allreduce_s``, ``overhead_s``) gains
+    #: when the step's prefill chunks join its decode tokens; they sum to the step's prefill share, so
+    #: ``steps_per_replica x term / 3600`` are the prefill hours due to that term.
+    prefill_step_terms_s: dict = field(default_factory=dict)
+    #: "memory" or "compute": what bounds the linear layers of the mixed (decode + prefill) step.
+    step_bound: str = ""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -215,6 +223,14 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     """
     spec, tp = d.spec, d.tp
     check_tp(spec, tp)
+    if d.gpus < 1:
+        raise ServebookError(f"a fleet needs at least one GPU, got {d.gpus}")
+    if d.batch is not None and d.batch < 1:
+        raise ServebookError(f"batch {d.batch} is not allowed; use at least 1 (or None: what the KV cache holds)")
+    if d.price_per_gpu_hour < 0:
+        raise ServebookError(f"price per GPU-hour {d.price_per_gpu_hour:g} is negative; use a price >= 0 (0 = no cost)")
+    if d.cudagraph_max_tokens is not None and d.cudagraph_max_tokens < 1:
+        raise ServebookError(f"cudagraph_max_tokens {d.cudagraph_max_tokens} is not allowed; use at least 1 token")
     if d.gpus < tp or d.gpus % tp:
         raise ServebookError(f"{d.gpus} GPUs do not split into replicas of tp={tp}; use a multiple of {tp}")
     if workload.requests < 1:
@@ -237,6 +253,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         raise DoesNotFitError(f"{spec.name} weights do not leave KV cache room on {d.gpu} at tp={tp}; "
                               "raise --tp or use a GPU with more memory")
     longest = workload.input_tokens.max + workload.output_tokens.max
+    check_sequence_length(spec, longest, "the longest request (input + output)",
+                          "lower the input/output lengths (--input-tokens, --output-tokens) or their spread")
     if kv_bytes_per_sequence(spec, longest, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
                              sliding_extra_tokens=d.max_num_batched_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
@@ -289,8 +307,11 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         notes.append(f"steady-state steps carry {step_tokens:.0f} tokens, more than the largest CUDA graph "
                      f"({graph_max} tokens): they run eagerly (raise compilation_config.max_cudagraph_capture_size "
                      "or lower max_num_batched_tokens)")
-    step = step_time(spec, d.gpu, decode + prefill, coeffs, tp=tp, cudagraph_max_tokens=graph_max).step_s
-    decode_only = step_time(spec, d.gpu, decode, coeffs, tp=tp, cudagraph_max_tokens=graph_max).step_s
+    mixed = step_time(spec, d.gpu, decode + prefill, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
+    alone = step_time(spec, d.gpu, decode, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
+    step, decode_only = mixed.step_s, alone.step_s
+    prefill_terms = {t: getattr(mixed, t) - getattr(alone, t)
+                     for t in ("linear_s", "attention_s", "allreduce_s", "overhead_s")}
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
         draft_s = spec_k * draft_pass_s(drafter, d.gpu, coeffs, batch=b_eff, context_tokens=ctx,
@@ -310,7 +331,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         prefill_hours=steps * (step - decode_only) / 3600, decode_hours=steps * (decode_only + draft_s) / 3600,
         hours=hours, gpu_hours=hours * d.gpus, cost=hours * d.gpus * d.price_per_gpu_hour,
         requests_per_s=workload.requests / seconds, output_tokens_per_s=out_tokens / seconds,
-        kv_budget_bytes_per_gpu=kv_budget, notes=tuple(notes))
+        kv_budget_bytes_per_gpu=kv_budget, notes=tuple(notes), prefill_step_terms_s=prefill_terms,
+        step_bound=mixed.bound)
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +363,7 @@ def draft_estimate(requests: int, input_tokens: int, output_tokens: int, *, acti
 
 
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
-                       gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_num_batched_tokens: int = 8192,
                        max_num_seqs: int = 256) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
@@ -359,7 +381,7 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
 
 
 def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float, tp: int = 1,
-                      kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
+                      kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
                       max_num_batched_tokens: int = 8192) -> int:
     """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache."""
     limit, budget, per_seq = decode_batch_limit(spec, gpu, context_tokens=context_tokens, tp=tp,
@@ -394,6 +416,27 @@ DRAFT_JOB = (10_000_000, 12_000, 3_000)
 DRAFT_SPEC_K = 4
 
 
+#: How :func:`_explain_prefill` names the step-time terms.
+_TERM_NAMES = {"allreduce_s": "TP all-reduce of their activations", "linear_s": "linear layers",
+               "attention_s": "attention", "overhead_s": "per-step overheads"}
+
+
+def _explain_prefill(ours: FleetPlan, d: dict, decode_tokens: int) -> str:
+    """Why our prefill hours differ from the draft's: what each step-time term adds for the prompt tokens."""
+    terms = ours.prefill_step_terms_s
+    added = sum(terms.values())
+    to_hours = ours.steps_per_replica / 3600
+    ranked = sorted(terms.items(), key=lambda kv: -kv[1])
+    shown = [f"{_TERM_NAMES[t]} {v * 1e3:.2f} ms ({v * to_hours:.0f} h)" for t, v in ranked if v * to_hours >= 0.5]
+    text = (f"prefill {ours.prefill_hours:.0f} h vs {d['prefill_hours']:.0f} h: the {ours.prefill_tokens_per_step:.0f} "
+            f"prompt tokens a step carries beside {decode_tokens} decode tokens add {added * 1e3:.2f} ms to it — "
+            + ", ".join(shown))
+    if ours.step_bound == "memory":
+        text += " (the linear layers stay bound by reading weights, so the prompt FLOPs cost little)"
+    return text + (f"; the draft charges 2 x active parameters per prompt token at {DRAFT_MFU_PREFILL:.0%} of peak "
+                   "and no communication")
+
+
 def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPlan, batch: int, k: int,
              draft_total_params: float) -> str:
     """One sentence naming the largest causes of the gap between the draft's hours and ours."""
@@ -414,12 +457,7 @@ def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPla
     eager = [n for n in ours.notes if "run eagerly" in n]
     if eager:
         parts.append(eager[0].split(":")[0] + ", so they run eagerly and pay the measured host-launch floor")
-    p_full = prefill_work(spec, DRAFT_JOB[1])
-    attn_share = p_full.attention_flops / (p_full.attention_flops + p_full.linear_flops)
-    parts.append(f"prefill {ours.prefill_hours:.0f} h vs {d['prefill_hours']:.0f} h: attention is "
-                 f"{attn_share:.0%} of a 12k prompt's FLOPs, the calibrated matmul efficiency is "
-                 f"{coeffs.matmul_peak_eff:.0%} of peak rather than the assumed 45%, and prefill chunks share "
-                 f"decode steps' weight reads")
+    parts.append(_explain_prefill(ours, d, batch * (k + 1)))
     return "; ".join(parts) + "."
 
 

@@ -56,6 +56,18 @@ def kv_dtype_bytes(kv_cache_dtype: str | int) -> int:
         ) from None
 
 
+def check_sequence_length(spec: ModelSpec, tokens: float, what: str, fix: str) -> None:
+    """Raise a ServebookError when a sequence of ``tokens`` positions exceeds the model's context.
+
+    vLLM's default ``--max-model-len`` is the model's ``max_position_embeddings``, and it
+    refuses a prompt (or stops a sequence) beyond it. ``what`` names the sequence and
+    ``fix`` says which option to change.
+    """
+    if tokens > spec.max_position_embeddings:
+        raise ServebookError(f"{what} is {tokens:,.0f} tokens, more than {spec.name}'s "
+                             f"{spec.max_position_embeddings:,} max_position_embeddings; {fix}")
+
+
 def check_tp(spec: ModelSpec, tp: int) -> None:
     """Raise a ServebookError when vLLM could not shard ``spec`` over ``tp`` GPUs.
 

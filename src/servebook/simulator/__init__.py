@@ -17,7 +17,8 @@ Public API::
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
 from servebook.simulator.step_time import LinearStepTime, StepTimeModel
-from servebook.simulator.workload import LENGTH_PRESETS, RequestSpec, synthetic_workload
+from servebook.simulator.workload import (LENGTH_PRESETS, RequestSpec, Truncation, synthetic_workload,
+                                          synthetic_workload_with_truncation)
 
 __all__ = [
     "LENGTH_PRESETS",
@@ -30,6 +31,8 @@ __all__ = [
     "SimulationResult",
     "StepTimeModel",
     "StepTrace",
+    "Truncation",
     "simulate",
     "synthetic_workload",
+    "synthetic_workload_with_truncation",
 ]

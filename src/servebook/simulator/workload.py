@@ -83,6 +83,46 @@ LENGTH_PRESETS: dict[str, tuple[float, float, float, float]] = {
 }
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """What clipping a drawn workload to ``max_model_len`` did.
+
+    A drawn prompt longer than ``max_model_len - 1`` is cut to ``max_model_len - 1``
+    tokens, and an output is shortened so that prompt + output <= ``max_model_len``.
+
+    Attributes:
+        requests: requests whose prompt or output was cut.
+        prompts: prompts cut to ``max_model_len - 1`` tokens.
+        outputs: outputs shortened to fit ``max_model_len``.
+        longest_drawn_tokens: the longest drawn prompt + output, before clipping.
+    """
+
+    max_model_len: int
+    requests: int
+    prompts: int
+    outputs: int
+    longest_drawn_tokens: int
+
+    @property
+    def prompt_cap_tokens(self) -> int:
+        """The length a cut prompt is cut to."""
+        return self.max_model_len - 1
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "prompts": self.prompts, "prompt_cap_tokens": self.prompt_cap_tokens,
+                "outputs": self.outputs, "max_model_len": self.max_model_len,
+                "longest_drawn_tokens": self.longest_drawn_tokens}
+
+    def describe(self, total: int) -> str:
+        """One line for a person, e.g. '10 of 10 requests cut: ...'; empty when nothing was cut."""
+        if not self.requests:
+            return ""
+        return (f"{self.requests} of {total} requests cut to fit max_model_len {self.max_model_len} "
+                f"(longest drawn {self.longest_drawn_tokens:,} tokens): {self.prompts} prompts cut to "
+                f"{self.prompt_cap_tokens} tokens, {self.outputs} outputs shortened so prompt + output <= "
+                f"{self.max_model_len}; raise --max-model-len to keep the length distribution")
+
+
 def synthetic_workload(
     num_requests: int,
     *,
@@ -100,12 +140,29 @@ def synthetic_workload(
             ``math.inf`` puts every arrival at t = 0 (an offline batch).
         lengths: a key of :data:`LENGTH_PRESETS`.
         max_model_len: prompt + output is clipped to this many tokens, as a
-            server with ``--max-model-len`` would refuse or cut longer ones.
+            server with ``--max-model-len`` would refuse or cut longer ones
+            (:func:`synthetic_workload_with_truncation` also says how many were cut).
         shared_prefix_tokens: if > 0, every prompt starts with the same prefix of
             this many tokens (``prefix_id="system"``); prompts are lengthened to
             hold it.
         seed: random seed.
     """
+    requests, _ = synthetic_workload_with_truncation(
+        num_requests, arrival_rate_per_s=arrival_rate_per_s, lengths=lengths, max_model_len=max_model_len,
+        shared_prefix_tokens=shared_prefix_tokens, seed=seed)
+    return requests
+
+
+def synthetic_workload_with_truncation(
+    num_requests: int,
+    *,
+    arrival_rate_per_s: float = math.inf,
+    lengths: str = "sharegpt-like",
+    max_model_len: int = 2048,
+    shared_prefix_tokens: int = 0,
+    seed: int = 0,
+) -> tuple[list[RequestSpec], Truncation]:
+    """The requests of :func:`synthetic_workload` (same arguments) and a :class:`Truncation` of what was cut."""
     if num_requests < 1:
         raise ServebookError(f"num_requests is {num_requests}; ask for at least 1 request")
     if lengths not in LENGTH_PRESETS:
@@ -129,10 +186,15 @@ def synthetic_workload(
         arrivals = np.cumsum(rng.exponential(1.0 / arrival_rate_per_s, num_requests))
         arrivals -= arrivals[0]
     requests = []
+    cut_prompts = cut_outputs = cut_requests = longest = 0
     for i in range(num_requests):
-        prompt = int(prompts[i]) + shared_prefix_tokens
-        prompt = min(prompt, max_model_len - 1)
+        drawn_prompt = int(prompts[i]) + shared_prefix_tokens
+        prompt = min(drawn_prompt, max_model_len - 1)
         output = min(int(outputs[i]), max_model_len - prompt)
+        cut_prompts += prompt < drawn_prompt
+        cut_outputs += output < int(outputs[i])
+        cut_requests += prompt < drawn_prompt or output < int(outputs[i])
+        longest = max(longest, drawn_prompt + int(outputs[i]))
         requests.append(
             RequestSpec(
                 request_id=f"r{i}",
@@ -143,4 +205,5 @@ def synthetic_workload(
                 prefix_tokens=shared_prefix_tokens,
             )
         )
-    return requests
+    return requests, Truncation(max_model_len=max_model_len, requests=cut_requests, prompts=cut_prompts,
+                                outputs=cut_outputs, longest_drawn_tokens=longest)
