@@ -1,7 +1,7 @@
 """The memory budget against recorded H200 start-ups (vLLM 0.26.0), held out one at a time.
 
 The issue's goal: the predicted ``Available KV cache memory`` is within 2% of the logged one.
-Each fixture is predicted by a fit on the *other* nine (leave-one-out), from its config.json
+Each fixture is predicted by a fit on all the *other* GPU fixtures (leave-one-out), from its config.json
 and flags alone: GPU total x utilisation - weights (from the model's shapes, not the log)
 - activation - non-torch - CUDA-graph estimate. The logged figures are the independent truth.
 
