@@ -272,6 +272,7 @@ def plot_l2(measurements: dict, doc: dict | None = None):
     a.legend(fontsize=8)
     b.bar(["vLLM", "HF static"], [summary["vllm_output_throughput"], summary["static_output_throughput"]],
           color=["C0", "C1"])
+    b.set_xlabel("system (same requests)")
     b.set_ylabel("output throughput, tokens/s")
     fig.suptitle(_title(doc, "Continuous batching vs static batching"), fontsize=9)
     fig.tight_layout()
