@@ -161,6 +161,13 @@ def test_plots_label_every_axis_with_units(docs, lab, plot):
         plt.close(fig)
 
 
+def test_markdown_table_formats_like_the_lab_tables():
+    from servebook.lab.table import markdown_table
+
+    text = markdown_table([{"a": 1234, "b": 0.96875, "c": None}, {"a": 5, "b": 2500.4, "c": "x"}])
+    assert text.splitlines() == ["| a | b | c |", "|---:|---:|---:|", "| 1,234 | 0.969 | — |", "| 5 | 2,500 | x |"]
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 def _write(tmp_path, doc) -> Path:

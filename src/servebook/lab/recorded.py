@@ -287,6 +287,8 @@ def plot_l3(measurements: dict, doc: dict | None = None):
     ax.plot(xs, [p["output_throughput"] for p in points], "o-", label="output tokens/s")
     ax.axvline(knee, ls="--", color="grey", label=f"predicted knee ({knee})")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
     ax.set_xlabel("--max-num-seqs (requests per step, log scale)")
     ax.set_ylabel("output throughput, tokens/s")
     ax2 = ax.twinx()
