@@ -206,3 +206,44 @@ def test_other_bad_files_give_clear_errors(tmp_path):
     doc["date"] = "yesterday"
     with pytest.raises(LabError, match="not an ISO 8601"):
         R.load_recorded(_write(tmp_path, doc))
+
+
+# ---- the lab pages' notes quote the recorded files (the labs are not executed: no glue) ------
+
+def _note(lab: str) -> str:
+    text = (ROOT / "labs" / f"{lab}.md").read_text()
+    start = text.index("```{note}")
+    return " ".join(text[start:text.index("```", start + 3)].split())
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
+    doc = raw(lab)
+    note = _note(lab)
+    assert "Not yet recorded" not in note
+    assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
+    assert "<recorded_results>" in note and f"{lab}_gpu.json" in note
+
+
+def test_lab_notes_headline_numbers_match_the_files():
+    l1 = raw("l1_memory_budget")["measurements"]["points"]
+    r1 = [p["engine"]["kv_cache_tokens"] / p["prediction"]["kv_cache_tokens"] for p in l1]
+    assert f"over {len(l1)} engine starts" in _note("l1_memory_budget")
+    assert f"{min(r1):.3f}–{max(r1):.3f} times" in _note("l1_memory_budget")
+    m2 = raw("l2_paged_continuous")["measurements"]
+    reqs = m2["vllm"]["requests"]
+    v = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
+    h = m2["static_baseline"]["output_tokens"] / m2["static_baseline"]["wall_s"]
+    assert f"same {len(reqs)} requests vLLM served {v / h:.1f}x" in _note("l2_paged_continuous")
+    assert f"(batch {m2['static_baseline']['batch_size']})" in _note("l2_paged_continuous")
+    m3 = raw("l3_preemption")["measurements"]
+    pre = {p["max_num_seqs"]: p["preemptions"] for p in m3["points"]}
+    assert pre[48] == 0 and (f"no preemptions at `--max-num-seqs` 48 and {pre[128]:.0f} at 128 "
+                             f"(predicted knee: {m3['predicted_knee']})") in _note("l3_preemption")
+    assert f"pool of {m3['workload']['num_gpu_blocks_override']:,} blocks" in _note("l3_preemption")
+    e = raw("l4_fp8_kv")["measurements"]["engines"]
+    tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
+    note = _note("l4_fp8_kv")
+    assert f"fp8 held {e['fp8']['kv_cache_tokens'] / e['auto']['kv_cache_tokens']:.2f}x the tokens" in note
+    assert (f"preempted {e['auto']['preemptions']:.0f} times, the fp8 one {e['fp8']['preemptions']:.0f}, "
+            f"and fp8 served {tput['fp8'] / tput['auto']:.2f}x") in note
