@@ -4,7 +4,7 @@
 #   .venv + requirements.txt, `npm ci` + vendored JavaScript, then
 #   jupyter-book build -W -n --keep-going .   (any warning or failing notebook fails the build)
 # Notebooks run at build time with a cache (_build/.jupyter_cache). Cached outputs are stale when the
-# library, the configuration or the requirements change, so a stamp of those inputs is kept in
+# library, the configuration, the requirements or the recorded GPU data (labs/results) change, so a stamp of those inputs is kept in
 # _build/.servebook-inputs and the caches are cleared automatically when it differs.
 # CLEAN=1 scripts/build-book.sh   removes the whole _build first.
 set -euo pipefail
@@ -17,6 +17,8 @@ inputs_stamp() {
   echo "python    $(hash_files requirements.txt pyproject.toml)"
   echo "js        $(hash_files package-lock.json)"
   echo "library   $(hash_files $(find src/servebook -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | sort))"
+  # Pages glue numbers from the recorded GPU data: a new or changed result file must re-run them.
+  echo "recorded  $(hash_files $(find labs/results -type f -name '*.json' | sort))"
 }
 
 clear_stale_cache() {

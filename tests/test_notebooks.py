@@ -232,13 +232,17 @@ def test_no_paired_ipynb():
     assert not paired, f"remove {paired}: notebooks are kept as MyST markdown only"
 
 
+#: Pages under labs/ that start no engine and are executed at build time: they render recorded data.
+RENDERED_LAB_PAGES = [ROOT / "labs" / "recorded_results.md"]
+
+
 def test_labs_are_never_executed_at_build_time():
-    """Every lab (labs/**/*.md) is excluded from build-time execution twice: by a pattern in
-    _config.yml (execute.exclude_patterns, matched as myst-nb does) and by its own header
-    (mystnb: execution_mode: "off")."""
+    """Every lab (labs/**/*.md but the rendering pages) is excluded from build-time execution
+    twice: by a pattern in _config.yml (execute.exclude_patterns, matched as myst-nb does) and by
+    its own header (mystnb: execution_mode: "off")."""
     patterns = yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]["exclude_patterns"]
-    labs = sorted((ROOT / "labs").rglob("*.md"))
-    probe = ROOT / "labs" / "any_lab.md"  # holds even before the first lab is written
+    labs = sorted(p for p in (ROOT / "labs").rglob("*.md") if p not in RENDERED_LAB_PAGES)
+    probe = ROOT / "labs" / "l0_any_lab.md"  # holds even before the first lab is written
     for lab in [probe, *labs]:
         posix = PurePosixPath(lab.as_posix())
         assert any(posix.match(p) for p in patterns), f"{lab} is not excluded by execute.exclude_patterns"
@@ -250,3 +254,15 @@ def test_labs_are_never_executed_at_build_time():
         assert mode == "off", (
             f"{lab.relative_to(ROOT)}: add `mystnb:\n  execution_mode: \"off\"` to its header "
             "(a lab starts a real engine and must never run at build time)")
+
+
+def test_recorded_results_page_is_executed_and_listed():
+    """The page that renders the recorded GPU runs must execute at build time (its glued numbers
+    come from the result files) and is published in _toc.yml."""
+    patterns = yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]["exclude_patterns"]
+    listed = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+    for page in RENDERED_LAB_PAGES:
+        posix = PurePosixPath(page.as_posix())
+        assert not any(posix.match(p) for p in patterns), f"{page.name} is excluded from execution"
+        assert jupytext.read(page).metadata.get("mystnb", {}).get("execution_mode") != "off", page.name
+        assert f"labs/{page.stem}" in listed, f"add `- file: labs/{page.stem}` to _toc.yml under 'GPU labs'"

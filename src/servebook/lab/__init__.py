@@ -7,6 +7,8 @@
   subprocess (:mod:`.offline`).
 * :func:`get_profile` — ``cpu-smoke`` or ``gpu`` (:mod:`.profiles`).
 * :func:`save_result` — JSON with provenance (:mod:`.results`).
+* :mod:`.recorded` — recorded results read back (schema checked) and the L1–L4 tables and plots
+  that the labs and the book share.
 """
 from servebook.lab.bench import run_bench
 from servebook.lab.errors import EngineStartError, LabError, PortInUseError

@@ -28,3 +28,13 @@ def ratio(measured: float | None, predicted: float | None) -> float | None:
     if measured is None or not predicted:
         return None
     return measured / predicted
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """The rows of :func:`side_by_side` as a Markdown table (for a rendered page), same number format."""
+    if not rows:
+        return "(no rows)"
+    cols = columns or list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)

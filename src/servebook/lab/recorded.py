@@ -1,0 +1,324 @@
+"""Read recorded lab results (schema ``servebook.lab/1``) and summarise them.
+
+The labs (``labs/l1_memory_budget.md`` ... ``labs/l4_fp8_kv.md``) call the ``*_table`` and
+``*_summary`` functions here on the ``measurements`` they are about to save; the book calls the
+same functions on the saved files, so a lab and the page that renders its recorded run print the
+same table from one code path.
+
+* :func:`load_recorded` — one result file, schema and provenance checked.
+* :func:`provenance` — the header a page prints: GPU, driver, vLLM version, date, model shape.
+* ``l1_table`` / ``l2_summary`` / ``l3_table`` / ``l4_table`` — the labs' comparison tables
+  (lists of dicts, for :func:`servebook.lab.side_by_side` or pandas).
+* ``plot_l1`` ... ``plot_l4`` — matplotlib figures of the same numbers, axes labelled with units.
+
+Throughputs are output tokens per second, latencies seconds unless the key says ``_ms``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from datetime import datetime
+from pathlib import Path
+
+from servebook.engine_env import REPO_ROOT
+from servebook.lab.errors import LabError
+from servebook.lab.results import REQUIRED, SCHEMA
+from servebook.lab.table import ratio
+
+#: Where the GPU runs are committed (``labs/results/labs/<lab>_gpu.json``).
+RECORDED_DIR = REPO_ROOT / "labs" / "results" / "labs"
+#: The labs this module summarises, by the ``lab`` field of their result files.
+LABS = ("l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv")
+_GPU_FIELDS = ("name", "count", "driver")
+
+
+def recorded_path(lab: str, profile: str = "gpu") -> Path:
+    """``labs/results/labs/<lab>_<profile>.json``."""
+    return RECORDED_DIR / f"{lab}_{profile}.json"
+
+
+def load_recorded(path: str | Path, *, lab: str | None = None) -> dict:
+    """Read one lab result file and check it is data the book may render.
+
+    Args:
+        path: a ``<lab>_<profile>.json`` written by :func:`servebook.lab.save_result`.
+        lab: the lab it must hold (``"l3_preemption"``), or None to accept any.
+
+    Raises:
+        LabError: the file is missing or not JSON, its ``schema`` is not ``servebook.lab/1``, a
+            provenance field (GPU name/count/driver, vLLM version, date, model config, flags) is
+            missing, or it holds another lab. The message names the file and what to change.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: no such lab result; run the lab (labs/tools/run_labs_gpu.sh) to record it")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise LabError(f"{path} is not JSON ({err}); restore the file the lab wrote") from None
+    if not isinstance(doc, dict):
+        raise LabError(f"{path} holds a JSON {type(doc).__name__}, not a lab result object")
+    if doc.get("schema") != SCHEMA:
+        raise LabError(f"{path} has schema {doc.get('schema')!r}, expected {SCHEMA!r}: "
+                       "it is not a lab result (start-up logs and step timings have their own readers)")
+    missing = [k for k in REQUIRED if doc.get(k) in (None, "")]
+    gpu = doc.get("gpu")
+    if isinstance(gpu, dict):
+        missing += [f"gpu.{k}" for k in _GPU_FIELDS if gpu.get(k) in (None, "")]
+    if missing:
+        raise LabError(f"{path} lacks provenance field(s) {', '.join(missing)}; "
+                       "re-run the lab to record it with provenance (never fill them in by hand)")
+    try:
+        datetime.fromisoformat(doc["date"])
+    except (TypeError, ValueError):
+        raise LabError(f"{path}: date {doc['date']!r} is not an ISO 8601 time; the lab writes UTC ISO dates") from None
+    if not isinstance(doc["measurements"], dict):
+        raise LabError(f"{path}: measurements must be an object, found {type(doc['measurements']).__name__}")
+    if lab is not None and doc["lab"] != lab:
+        raise LabError(f"{path} holds lab {doc['lab']!r}, not {lab!r}: pass the file of {lab}")
+    return doc
+
+
+def provenance(doc: dict) -> dict:
+    """What ran, for a page's header: GPU, driver, vLLM version, date (UTC day), model shape, flags."""
+    gpu, config = doc["gpu"], doc["config"]
+    return {
+        "lab": doc["lab"],
+        "gpu": f"{gpu['count']} x {gpu['name']}",
+        "gpu_memory_gib": gpu["total_memory_bytes"] / 2**30 if gpu.get("total_memory_bytes") else None,
+        "driver": gpu["driver"],
+        "cuda": gpu.get("cuda"),
+        "torch": gpu.get("torch_version"),
+        "vllm_version": doc["vllm_version"],
+        "date": doc["date"][:10],
+        "model_id": doc["model_id"],
+        "weights": doc.get("weights"),
+        "layers": config.get("num_hidden_layers"),
+        "hidden_size": config.get("hidden_size"),
+        "attention_heads": config.get("num_attention_heads"),
+        "kv_heads": config.get("num_key_value_heads"),
+        "vocab_size": config.get("vocab_size"),
+        "dtype": config.get("torch_dtype"),
+        "engine_args": doc["engine_args"],
+    }
+
+
+# ---- L1: the memory budget ---------------------------------------------------------------------
+
+def l1_table(points: list[dict]) -> list[dict]:
+    """Lab 1's comparison: predicted vs engine KV GiB and KV tokens, one row per start.
+
+    Args:
+        points: ``measurements["points"]``: each with ``point`` (max_model_len,
+            gpu_memory_utilization, kv_cache_dtype), ``prediction`` and ``engine`` (None when the
+            engine did not start).
+    """
+    rows = []
+    for p in points:
+        pred, eng, at = p["prediction"], p.get("engine"), p["point"]
+        tokens = eng["kv_cache_tokens"] if eng else None
+        rows.append({
+            "max_model_len": at["max_model_len"], "util": at["gpu_memory_utilization"],
+            "kv dtype": at["kv_cache_dtype"],
+            "KV GiB predicted": pred["available_kv_gib"], "KV GiB engine": eng["available_kv_cache_gib"] if eng else None,
+            "tokens predicted": pred["kv_cache_tokens"], "tokens engine": tokens,
+            "engine/predicted": ratio(tokens, pred["kv_cache_tokens"]),
+        })
+    return rows
+
+
+# ---- L2: paged + continuous batching against static batching -----------------------------------
+
+def static_useful_fraction(output_len: int, range_ratio: float, batch_size: int) -> float:
+    """Expected share of static batching's decode slots that produce a useful token.
+
+    Output lengths uniform on ``[(1-r)L, (1+r)L]``; a batch of ``B`` decodes until its longest
+    request ends, and the expected maximum of ``B`` uniform draws on ``[lo, hi]`` is
+    ``lo + (hi - lo) B / (B + 1)``; the mean length is ``L``.
+    """
+    lo, hi = int(output_len * (1 - range_ratio)), int(output_len * (1 + range_ratio))
+    return output_len / (lo + (hi - lo) * batch_size / (batch_size + 1))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def l2_summary(measurements: dict) -> dict:
+    """Lab 2's comparison of vLLM and the HF static-batching baseline on the same requests.
+
+    Args:
+        measurements: with ``vllm.requests`` (``output_len``, ``start_s``, ``latency_s``),
+            ``static_baseline`` (``requests`` with ``latency_s``, ``output_throughput``,
+            ``computed_tokens``, ``batch_size``).
+
+    Returns:
+        ``rows`` (one per system), ``vllm_output_throughput`` (output tokens / time from the first
+        request's start to the last one's end, tokens/s), ``static_output_throughput``,
+        ``speedup`` (their ratio), ``useful_fraction`` (output tokens / tokens the static
+        batches computed).
+    """
+    vllm_reqs, static = measurements["vllm"]["requests"], measurements["static_baseline"]
+    output_tokens = sum(q["output_len"] for q in vllm_reqs)
+    v_lat = [q["latency_s"] for q in vllm_reqs]
+    h_lat = [q["latency_s"] for q in static["requests"]]
+    v_tput = output_tokens / max(q["start_s"] + q["latency_s"] for q in vllm_reqs)
+    h_tput = static["output_throughput"]
+    rows = [
+        {"system": "vLLM (paged, continuous)", "output tok/s": v_tput, "mean latency s": statistics.mean(v_lat),
+         "p50 s": _percentile(v_lat, 0.5), "p99 s": _percentile(v_lat, 0.99), "computed tokens": output_tokens},
+        {"system": f"HF static, batch {static['batch_size']}", "output tok/s": h_tput,
+         "mean latency s": statistics.mean(h_lat), "p50 s": _percentile(h_lat, 0.5),
+         "p99 s": _percentile(h_lat, 0.99), "computed tokens": static["computed_tokens"]},
+    ]
+    return {"rows": rows, "vllm_output_throughput": v_tput, "static_output_throughput": h_tput,
+            "speedup": v_tput / h_tput, "useful_fraction": output_tokens / static["computed_tokens"]}
+
+
+# ---- L3: max-num-seqs and preemption -----------------------------------------------------------
+
+def preemption_knee(num_blocks: int, input_len: int, output_len: int, block_size: int) -> tuple[int, int]:
+    """(blocks one finished request holds, the max-num-seqs above which the pool must preempt).
+
+    A request of ``input_len + output_len`` tokens ends holding ``ceil(tokens / block_size)``
+    blocks; ``num_blocks // that`` requests fit in the pool together.
+    """
+    blocks_per_request = math.ceil((input_len + output_len) / block_size)
+    return blocks_per_request, num_blocks // blocks_per_request
+
+
+def l3_table(points: list[dict]) -> list[dict]:
+    """Lab 3's sweep: preemptions, output throughput (tokens/s), TTFT/TPOT (ms), p99 latency (s)."""
+    keys = ("max_num_seqs", "preemptions", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_latency_s")
+    return [{k: p[k] for k in keys} for p in points]
+
+
+def first_preempting(points: list[dict]) -> int | None:
+    """The smallest swept max-num-seqs whose run preempted, or None if none did."""
+    return next((p["max_num_seqs"] for p in sorted(points, key=lambda p: p["max_num_seqs"]) if p["preemptions"] > 0),
+                None)
+
+
+# ---- L4: fp8 KV cache --------------------------------------------------------------------------
+
+def l4_table(kv_dtypes: list[str], predictions: dict, engines: dict) -> list[dict]:
+    """Lab 4's comparison, one row per KV dtype: predicted and engine KV tokens, preemptions,
+    output throughput (tokens/s), mean TPOT (ms)."""
+    rows = []
+    for d in kv_dtypes:
+        r, p = engines[d], predictions[d]
+        s = r["bench"]["summary"]
+        rows.append({"kv dtype": d, "tokens predicted": p["kv_cache_tokens"], "tokens engine": r["kv_cache_tokens"],
+                     "engine/predicted": ratio(r["kv_cache_tokens"], p["kv_cache_tokens"]),
+                     "preemptions": r["preemptions"], "output tok/s": s["output_throughput"],
+                     "mean TPOT ms": s["mean_tpot_ms"]})
+    return rows
+
+
+def l4_ratios(kv_dtypes: list[str], engines: dict) -> tuple[float, float]:
+    """(second dtype's KV tokens / first's, second's output throughput / first's)."""
+    base, other = engines[kv_dtypes[0]], engines[kv_dtypes[1]]
+    return (other["kv_cache_tokens"] / base["kv_cache_tokens"],
+            other["bench"]["summary"]["output_throughput"] / base["bench"]["summary"]["output_throughput"])
+
+
+# ---- plots -------------------------------------------------------------------------------------
+
+def _axes(figsize=(6, 3.5)):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    return fig, ax
+
+
+def _title(doc: dict | None, what: str) -> str:
+    if doc is None:
+        return what
+    return f"{what}\n{doc['model_id']}, {doc['gpu']['name']}, vLLM {doc['vllm_version']}"
+
+
+def plot_l1(points: list[dict], doc: dict | None = None):
+    """Predicted and engine KV tokens per start (grouped bars). Returns the figure."""
+    rows = l1_table(points)
+    fig, ax = _axes((7, 3.6))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted (servebook)")
+    ax.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
+    ax.set_xticks(list(xs), [f"len {r['max_model_len']:,}\nutil {r['util']}\n{r['kv dtype']}" for r in rows],
+                  fontsize=8)
+    ax.set_xlabel("start (--max-model-len, --gpu-memory-utilization, --kv-cache-dtype)")
+    ax.set_ylabel("KV cache, thousand tokens")
+    ax.set_title(_title(doc, "KV cache size: predicted vs engine"), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_l2(measurements: dict, doc: dict | None = None):
+    """Latency CDF of vLLM and the static baseline (left) and their output throughput (right)."""
+    import matplotlib.pyplot as plt
+
+    summary = l2_summary(measurements)
+    static = measurements["static_baseline"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    for label, reqs in (("vLLM", measurements["vllm"]["requests"]),
+                        (f"HF static (batch {static['batch_size']})", static["requests"])):
+        lat = sorted(q["latency_s"] for q in reqs)
+        a.step(lat, [(i + 1) / len(lat) for i in range(len(lat))], where="post", label=label)
+    a.set_xlabel("request latency, s (all requests queued at t=0)")
+    a.set_ylabel("share of requests done (CDF)")
+    a.legend(fontsize=8)
+    b.bar(["vLLM", "HF static"], [summary["vllm_output_throughput"], summary["static_output_throughput"]],
+          color=["C0", "C1"])
+    b.set_xlabel("system (same requests)")
+    b.set_ylabel("output throughput, tokens/s")
+    fig.suptitle(_title(doc, "Continuous batching vs static batching"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_l3(measurements: dict, doc: dict | None = None):
+    """Output throughput (line) and preemptions (bars) against max-num-seqs, predicted knee marked."""
+    points, knee = measurements["points"], measurements["predicted_knee"]
+    fig, ax = _axes()
+    xs = [p["max_num_seqs"] for p in points]
+    ax.plot(xs, [p["output_throughput"] for p in points], "o-", label="output tokens/s")
+    ax.axvline(knee, ls="--", color="grey", label=f"predicted knee ({knee})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
+    ax.set_xlabel("--max-num-seqs (requests per step, log scale)")
+    ax.set_ylabel("output throughput, tokens/s")
+    ax2 = ax.twinx()
+    ax2.bar(xs, [p["preemptions"] for p in points], width=[x * 0.2 for x in xs], alpha=0.3, color="red")
+    ax2.set_ylabel("preemptions (count)")
+    blocks = measurements["workload"]["num_gpu_blocks_override"]
+    ax.set_title(_title(doc, f"Preemptions and throughput, pool of {blocks:,} blocks"), fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_l4(measurements: dict, doc: dict | None = None):
+    """KV tokens (predicted and engine) and output throughput for each KV dtype."""
+    import matplotlib.pyplot as plt
+
+    dtypes = measurements["workload"]["kv_dtypes"]
+    rows = l4_table(dtypes, measurements["predictions"], measurements["engines"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.4))
+    xs = range(len(rows))
+    a.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted")
+    a.bar([x + 0.2 for x in xs], [r["tokens engine"] / 1e3 for r in rows], 0.4, label="engine log")
+    a.set_xticks(list(xs), dtypes)
+    a.set_xlabel("--kv-cache-dtype")
+    a.set_ylabel("KV cache, thousand tokens")
+    a.legend(fontsize=8)
+    b.bar(list(xs), [r["output tok/s"] for r in rows], color="C2")
+    b.set_xticks(list(xs), dtypes)
+    b.set_xlabel("--kv-cache-dtype")
+    b.set_ylabel("output throughput, tokens/s")
+    fig.suptitle(_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
+    fig.tight_layout()
+    return fig

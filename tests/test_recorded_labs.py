@@ -1,0 +1,249 @@
+"""The recorded GPU labs (labs/results/labs/*_gpu.json) load with their provenance, and the tables
+and plots the book renders from them (servebook.lab.recorded) agree with numbers recomputed here,
+by hand, from the raw measurements in the files.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from servebook.lab import LabError  # noqa: E402
+from servebook.lab import recorded as R  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "labs" / "results" / "labs"
+LABS = ["l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv"]
+
+
+def raw(lab: str) -> dict:
+    return json.loads((RESULTS / f"{lab}_gpu.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict:
+    return {lab: R.load_recorded(RESULTS / f"{lab}_gpu.json", lab=lab) for lab in LABS}
+
+
+# ---- provenance -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lab", LABS)
+def test_recorded_file_has_provenance_of_the_h200_run(lab):
+    doc = R.load_recorded(R.recorded_path(lab), lab=lab)
+    assert doc["schema"] == "servebook.lab/1" and doc["profile"] == "gpu"
+    assert doc["gpu"]["name"] == "NVIDIA H200" and doc["gpu"]["count"] == 1 and doc["gpu"]["driver"]
+    assert doc["vllm_version"] == "0.26.0"          # the lent GPU runs 0.26.0, not the book's 0.27.1
+    assert doc["date"].startswith("2026-11-30")
+    # The config the engine loaded is the one whose hash the file carries (canonical JSON, by hand).
+    blob = json.dumps(doc["config"], sort_keys=True, separators=(",", ":")).encode()
+    assert doc["config_sha256"] == hashlib.sha256(blob).hexdigest()
+    head = R.provenance(doc)
+    assert (head["layers"], head["hidden_size"], head["kv_heads"]) == (32, 4096, 8)   # Llama 3.1 8B shape
+    assert head["vllm_version"] == "0.26.0" and head["date"] == "2026-11-30"
+
+
+# ---- L1 -------------------------------------------------------------------------------------
+
+def test_l1_table_ratios_recomputed_from_raw_points(docs):
+    points = raw("l1_memory_budget")["measurements"]["points"]
+    rows = R.l1_table(docs["l1_memory_budget"]["measurements"]["points"])
+    assert len(rows) == len(points) == 4
+    for row, p in zip(rows, points):
+        assert row["tokens engine"] == p["engine"]["kv_cache_tokens"]
+        assert row["engine/predicted"] == pytest.approx(p["engine"]["kv_cache_tokens"] / p["prediction"]["kv_cache_tokens"])
+        # At utilisation 0.9 and 0.5 the calculator is within 1% of the engine.
+        assert 0.99 < row["engine/predicted"] < 1.01, row
+
+
+def test_l1_engine_tokens_follow_from_its_logged_gib():
+    # Llama 3.1 8B: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes (bf16) = 131,072 B/token.
+    bytes_per_token = {"auto": 2 * 32 * 8 * 128 * 2, "fp8": 2 * 32 * 8 * 128 * 1}
+    for p in raw("l1_memory_budget")["measurements"]["points"]:
+        gib, tokens = p["engine"]["available_kv_cache_gib"], p["engine"]["kv_cache_tokens"]
+        # The log rounds GiB to 0.01: the token count agrees to that rounding.
+        assert tokens == pytest.approx(gib * 2**30 / bytes_per_token[p["point"]["kv_cache_dtype"]], rel=1e-4)
+
+
+def test_l1_table_keeps_a_start_that_failed():
+    point = {"point": {"max_model_len": 8, "gpu_memory_utilization": 0.9, "kv_cache_dtype": "auto"},
+             "prediction": {"available_kv_gib": 1.0, "kv_cache_tokens": 100}, "engine": None}
+    [row] = R.l1_table([point])
+    assert row["tokens engine"] is None and row["engine/predicted"] is None
+
+
+# ---- L2 -------------------------------------------------------------------------------------
+
+def test_l2_speedup_recomputed_from_requests(docs):
+    m = raw("l2_paged_continuous")["measurements"]
+    reqs = m["vllm"]["requests"]
+    v_tput = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
+    static = m["static_baseline"]
+    h_tput = static["output_tokens"] / static["wall_s"]
+    s = R.l2_summary(docs["l2_paged_continuous"]["measurements"])
+    assert s["vllm_output_throughput"] == pytest.approx(v_tput)
+    assert s["static_output_throughput"] == pytest.approx(h_tput)
+    assert s["speedup"] == pytest.approx(v_tput / h_tput)
+    assert 8 < s["speedup"] < 8.3                                   # the book says "8.1x"
+    # Both systems produced the same output tokens; static batching computed more (padding).
+    assert static["output_tokens"] == sum(q["output_len"] for q in reqs)
+    assert s["useful_fraction"] == pytest.approx(static["output_tokens"] / static["computed_tokens"])
+    p50 = sorted(q["latency_s"] for q in reqs)[len(reqs) // 2]
+    assert s["rows"][0]["p50 s"] == p50
+
+
+def test_static_useful_fraction_by_hand():
+    # L = 256, r = 0.9: lengths on [25, 486]; the max of 32 draws is expected at 25 + 461 * 32 / 33.
+    assert R.static_useful_fraction(256, 0.9, 32) == pytest.approx(256 / (25 + 461 * 32 / 33))
+    # No spread: every slot is useful.
+    assert R.static_useful_fraction(100, 0.0, 8) == pytest.approx(1.0)
+
+
+# ---- L3 -------------------------------------------------------------------------------------
+
+def test_l3_knee_and_first_preempting_point(docs):
+    m = raw("l3_preemption")["measurements"]
+    # 512 + 128 tokens in 16-token blocks = 40 blocks; 2,048 // 40 = 51 requests fit.
+    assert R.preemption_knee(2048, 512, 128, 16) == (40, 51) == (m["blocks_per_request"], m["predicted_knee"])
+    assert R.preemption_knee(2048, 513, 128, 16) == (41, 49)   # one token more: a 41st block
+    by_seqs = {p["max_num_seqs"]: p["preemptions"] for p in m["points"]}
+    assert by_seqs[48] == 0 and by_seqs[128] > 0
+    assert R.first_preempting(docs["l3_preemption"]["measurements"]["points"]) == 128
+    assert R.first_preempting([{"max_num_seqs": 8, "preemptions": 0}]) is None
+    rows = R.l3_table(docs["l3_preemption"]["measurements"]["points"])
+    assert [r["max_num_seqs"] for r in rows] == [16, 48, 128, 256]
+    for r, p in zip(rows, m["points"]):
+        s = p["bench"]["summary"]
+        assert r["output_throughput"] == pytest.approx(s["total_output_tokens"] / s["duration"])
+
+
+# ---- L4 -------------------------------------------------------------------------------------
+
+def test_l4_ratios_recomputed(docs):
+    e = raw("l4_fp8_kv")["measurements"]["engines"]
+    tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
+    m = docs["l4_fp8_kv"]["measurements"]
+    tokens, throughput = R.l4_ratios(["auto", "fp8"], m["engines"])
+    assert tokens == pytest.approx(e["fp8"]["kv_cache_tokens"] / e["auto"]["kv_cache_tokens"])
+    assert 1.99 < tokens < 2.01
+    assert throughput == pytest.approx(tput["fp8"] / tput["auto"], rel=1e-6)
+    rows = R.l4_table(["auto", "fp8"], m["predictions"], m["engines"])
+    assert [r["preemptions"] for r in rows] == [e["auto"]["preemptions"], e["fp8"]["preemptions"]]
+    assert rows[0]["preemptions"] > 0 and rows[1]["preemptions"] == 0
+
+
+# ---- plots ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lab,plot", [("l1_memory_budget", "l1"), ("l2_paged_continuous", "l2"),
+                                      ("l3_preemption", "l3"), ("l4_fp8_kv", "l4")])
+def test_plots_label_every_axis_with_units(docs, lab, plot):
+    import matplotlib.pyplot as plt
+
+    doc = docs[lab]
+    m = doc["measurements"]
+    fig = getattr(R, f"plot_{plot}")(m["points"] if plot == "l1" else m, doc)
+    try:
+        for ax in fig.axes:
+            assert ax.get_ylabel(), (plot, ax)
+            assert any(u in ax.get_ylabel() for u in ("tokens", "count", "share", "/s")), ax.get_ylabel()
+        # Every panel (a twin y axis shares its panel's position) has a labelled x axis.
+        panels: dict = {}
+        for ax in fig.axes:
+            panels.setdefault(tuple(round(v, 3) for v in ax.get_position().bounds), []).append(ax.get_xlabel())
+        assert all(any(labels) for labels in panels.values()), (plot, panels)
+        assert "0.26.0" in (fig.axes[0].get_title() + (fig._suptitle.get_text() if fig._suptitle else ""))
+    finally:
+        plt.close(fig)
+
+
+def test_markdown_table_formats_like_the_lab_tables():
+    from servebook.lab.table import markdown_table
+
+    text = markdown_table([{"a": 1234, "b": 0.96875, "c": None}, {"a": 5, "b": 2500.4, "c": "x"}])
+    assert text.splitlines() == ["| a | b | c |", "|---:|---:|---:|", "| 1,234 | 0.969 | — |", "| 5 | 2,500 | x |"]
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def _write(tmp_path, doc) -> Path:
+    path = tmp_path / "x_gpu.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_wrong_schema_is_refused_naming_it(tmp_path):
+    doc = raw("l3_preemption")
+    doc["schema"] = "servebook.startup-logs/1"
+    with pytest.raises(LabError, match="servebook.startup-logs/1.*expected 'servebook.lab/1'"):
+        R.load_recorded(_write(tmp_path, doc))
+
+
+@pytest.mark.parametrize("drop", ["vllm_version", "date", "config", "gpu.driver", "gpu.name"])
+def test_missing_provenance_field_is_named(tmp_path, drop):
+    doc = copy.deepcopy(raw("l4_fp8_kv"))
+    if drop.startswith("gpu."):
+        del doc["gpu"][drop[4:]]
+    else:
+        del doc[drop]
+    with pytest.raises(LabError, match=f"lacks provenance field.*{drop.replace('.', '[.]')}"):
+        R.load_recorded(_write(tmp_path, doc))
+
+
+def test_other_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(LabError, match="no such lab result"):
+        R.load_recorded(tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(LabError, match="is not JSON"):
+        R.load_recorded(tmp_path / "bad.json")
+    doc = raw("l4_fp8_kv")
+    with pytest.raises(LabError, match="holds lab 'l4_fp8_kv', not 'l3_preemption'"):
+        R.load_recorded(_write(tmp_path, doc), lab="l3_preemption")
+    doc["date"] = "yesterday"
+    with pytest.raises(LabError, match="not an ISO 8601"):
+        R.load_recorded(_write(tmp_path, doc))
+
+
+# ---- the lab pages' notes quote the recorded files (the labs are not executed: no glue) ------
+
+def _note(lab: str) -> str:
+    text = (ROOT / "labs" / f"{lab}.md").read_text()
+    start = text.index("```{note}")
+    return " ".join(text[start:text.index("```", start + 3)].split())
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
+    doc = raw(lab)
+    note = _note(lab)
+    assert "Not yet recorded" not in note
+    assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
+    assert "<recorded_results>" in note and f"{lab}_gpu.json" in note
+
+
+def test_lab_notes_headline_numbers_match_the_files():
+    l1 = raw("l1_memory_budget")["measurements"]["points"]
+    r1 = [p["engine"]["kv_cache_tokens"] / p["prediction"]["kv_cache_tokens"] for p in l1]
+    assert f"over {len(l1)} engine starts" in _note("l1_memory_budget")
+    assert f"{min(r1):.3f}–{max(r1):.3f} times" in _note("l1_memory_budget")
+    m2 = raw("l2_paged_continuous")["measurements"]
+    reqs = m2["vllm"]["requests"]
+    v = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
+    h = m2["static_baseline"]["output_tokens"] / m2["static_baseline"]["wall_s"]
+    assert f"same {len(reqs)} requests vLLM served {v / h:.1f}x" in _note("l2_paged_continuous")
+    assert f"(batch {m2['static_baseline']['batch_size']})" in _note("l2_paged_continuous")
+    m3 = raw("l3_preemption")["measurements"]
+    pre = {p["max_num_seqs"]: p["preemptions"] for p in m3["points"]}
+    assert pre[48] == 0 and (f"no preemptions at `--max-num-seqs` 48 and {pre[128]:.0f} at 128 "
+                             f"(predicted knee: {m3['predicted_knee']})") in _note("l3_preemption")
+    assert f"pool of {m3['workload']['num_gpu_blocks_override']:,} blocks" in _note("l3_preemption")
+    e = raw("l4_fp8_kv")["measurements"]["engines"]
+    tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
+    note = _note("l4_fp8_kv")
+    assert f"fp8 held {e['fp8']['kv_cache_tokens'] / e['auto']['kv_cache_tokens']:.2f}x the tokens" in note
+    assert (f"preempted {e['auto']['preemptions']:.0f} times, the fp8 one {e['fp8']['preemptions']:.0f}, "
+            f"and fp8 served {tput['fp8'] / tput['auto']:.2f}x") in note
