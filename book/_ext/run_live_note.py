@@ -2,25 +2,30 @@
 
 Each page under ``notebooks/`` gets a short note under its title: where to download the source
 (the download button offers the MyST ``.md`` file) and how to open it in JupyterLab, where
-jupytext opens MyST-markdown notebooks. Pages under ``labs/`` get the GPU-node version of the note.
+jupytext opens MyST-markdown notebooks. The GPU labs (``labs/l<N>_*``) get the GPU-node version of
+the note; other pages under ``labs/`` (the recorded-results page, executed at build) get the notebook one.
 """
 from __future__ import annotations
 
 import os
+import re
 
 from docutils import nodes
+
+#: GPU labs (labs/l1_..., labs/l9_...): the same pages _config.yml keeps from execution.
+_GPU_LAB = re.compile(r"labs/l[0-9]")
 
 
 def _note(docname: str, source_suffix: str) -> nodes.Node | None:
     path = f"{docname}{source_suffix}"
-    if docname.startswith("notebooks/"):
+    if docname.startswith(("notebooks/", "labs/")) and not _GPU_LAB.match(docname):
         intro = ("Run this notebook live: download its source with the download button at the top of "
                  f"the page ({path}, a MyST-markdown notebook), or use a clone of the repository. "
                  "In JupyterLab, right-click the file and choose Open With → Jupytext Notebook.")
         steps = (f"bash scripts/build-book.sh      # once: makes .venv with the book's requirements\n"
                  f".venv/bin/pip install \"jupyterlab>=4.2,<5\"\n"
                  f".venv/bin/jupyter lab {path}")
-    elif docname.startswith("labs/"):
+    elif _GPU_LAB.match(docname):
         intro = ("This GPU lab starts a real vLLM engine and is never executed when the book is built. "
                  "Run it on a GPU node (README: “Run the labs on a GPU node”); in JupyterLab, "
                  "right-click the file and choose Open With → Jupytext Notebook.")
