@@ -10,13 +10,14 @@ Public API::
         LinearStepTime, StepTimeModel,            # step cost: step_time_s(P, D, C) -> s
         simulate, SimulationResult,               # run; .steps, .requests, .summary()
     )
-    servebook.simulator.step_time.perf_step_time(spec, gpu, coeffs)   # price steps with servebook.perf
+    PerfStepTime(spec, gpu, coeffs, tp=1)        # price steps with the calibrated servebook.perf model
+    servebook.simulator.step_time.perf_step_time_for(config, gpu)   # the same, loaded by name
     servebook.simulator.plots                     # memory maps, block tables, Gantt, KV over time
     servebook.simulator.engine_trace              # record vLLM's own schedule; compare step by step
 """
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
-from servebook.simulator.step_time import LinearStepTime, StepTimeModel
+from servebook.simulator.step_time import LinearStepTime, PerfStepTime, StepTimeModel
 from servebook.simulator.workload import LENGTH_PRESETS, RequestSpec, synthetic_workload
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "POLICIES",
     "RESERVATIONS",
     "LinearStepTime",
+    "PerfStepTime",
     "RequestMetrics",
     "RequestSpec",
     "SchedulerConfig",
