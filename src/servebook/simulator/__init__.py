@@ -14,6 +14,7 @@ Public API::
     servebook.simulator.step_time.perf_step_time_for(config, gpu)   # the same, loaded by name
     servebook.simulator.plots                     # memory maps, block tables, Gantt, KV over time
     servebook.simulator.engine_trace              # record vLLM's own schedule; compare step by step
+    servebook.simulator.sizing                    # replicas x TP for a p99 TTFT/TPOT SLO and a budget
 """
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
