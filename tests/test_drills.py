@@ -357,10 +357,19 @@ def test_design_drill_prose_claims_hold():
     facts = moe.facts_for()
     assert facts["dense_cost"] > moe.args["budget_per_hour"]       # "the dense model ... over the budget"
     assert facts["moe_active"] < facts["dense_active"] / 5
+    from servebook.hf_config import load_model_spec
+
+    moe_spec, dense_spec = load_model_spec("qwen3-30b-a3b"), load_model_spec("qwen3-32b")
+    assert moe_spec.num_layers < dense_spec.num_layers                         # "fewer layers
+    assert moe_spec.layers[0].num_kv_heads < dense_spec.layers[0].num_kv_heads   # and KV heads"
     gpu = get_drill("slo-gpu-choice")
     facts = gpu.facts_for()
     assert facts["h200_tpot"] < facts["h100_tpot"]                 # faster HBM, shorter decode steps
     assert facts["h100_replicas"] == facts["h200_replicas"]        # "... so the price per GPU decides"
+    from servebook.perf import gpu_numbers
+
+    assert gpu_numbers("h100").bf16_dense_flops == gpu_numbers("h200").bf16_dense_flops  # "same bf16 peak"
+    assert gpu_numbers("h100").hbm_bandwidth_bytes_per_s < gpu_numbers("h200").hbm_bandwidth_bytes_per_s
     assert gpu.expected() == min(facts["h100_cost"], facts["h200_cost"])
 
 
