@@ -41,7 +41,7 @@ def test_debugging_drills_show_recorded_material():
     debugging = [d for d in DRILLS if d.kind == "debugging"]
     assert len(debugging) >= 5
     sources = {d.exhibit.source for d in debugging if d.exhibit}
-    assert {"startup_log", "capture", "step_timing"} <= sources
+    assert {"startup_log", "capture", "step_timing", "lab"} <= sources
     files = {d.exhibit.file for d in debugging if d.exhibit and d.exhibit.source == "capture"}
     assert {"metrics_after.txt", "bench_stdout.txt"} <= files  # a /metrics snapshot and a bench result
 
@@ -282,6 +282,95 @@ def test_cli_show_and_check(capsys):
     assert "K and V" in capsys.readouterr().out
     assert cli_main(["drills", "show", "no-such-drill"]) == 2
     assert "use one of" in capsys.readouterr().err
+
+
+LAB3 = ROOT / "labs" / "results" / "labs" / "l3_preemption_gpu.json"
+
+
+def test_lab_preemption_drill_shows_and_answers_from_the_recorded_h200_run():
+    data = json.loads(LAB3.read_text())
+    assert data["vllm_version"] == "0.26.0" and data["gpu"]["name"] == "NVIDIA H200"
+    points = {pt["max_num_seqs"]: pt for pt in data["measurements"]["points"]}
+    d = get_drill("max-num-seqs-lab-preemption")
+    assert d.section == "6.9" and d.kind == "debugging"
+    # The answer is the counter the lab read from /metrics at max_num_seqs 128; none at 48.
+    assert d.expected() == points[128]["preemptions"] > 0 == points[48]["preemptions"]
+    # The KV ceiling, from the engine's own log line: 'GPU KV cache size: N tokens' over 512 + 128 tokens.
+    log = points[128]["log"]
+    kv_tokens = int(re.search(r"GPU KV cache size: ([0-9,]+) tokens", log).group(1).replace(",", ""))
+    w = data["measurements"]["workload"]
+    assert d.facts_for()["fit"] == kv_tokens // (w["input_len"] + w["output_len"])
+    assert 48 < d.facts_for()["fit"] < 128   # one cap below the ceiling, one above
+    # The exhibit shows exactly the two points, in order, each figure as the file holds it,
+    # then only that engine's own log lines.
+    lines = d.exhibit.lines()
+    starts = [i for i, line in enumerate(lines) if line.startswith('"max_num_seqs": ')]
+    assert [lines[i] for i in starts] == ['"max_num_seqs": 48', '"max_num_seqs": 128']
+    for start, end, n in ((starts[0], starts[1], 48), (starts[1], len(lines), 128)):
+        block = lines[start:end]
+        summary = points[n]["bench"]["summary"]
+        assert f'"output_throughput": {json.dumps(summary["output_throughput"])}' in block
+        assert f'"p99_itl_ms": {json.dumps(summary["p99_itl_ms"])}' in block
+        assert f'"preemptions": {json.dumps(points[n]["preemptions"])}' in block
+        log_lines = [x for x in block if not x.startswith('"')]
+        assert log_lines and all(x in points[n]["log"].splitlines() for x in log_lines)
+    md = render_markdown(d)
+    assert "vLLM 0.26.0" in md and lines[0] in md
+
+
+SLO_DRILLS = ("slo-tp-or-replicas", "slo-moe-or-dense", "slo-gpu-choice")
+
+
+@pytest.mark.parametrize("drill_id", SLO_DRILLS)
+def test_design_drills_size_for_an_slo_and_a_budget(drill_id):
+    from servebook.simulator.sizing import replica_latency
+
+    d = get_drill(drill_id)
+    a = d.args
+    assert d.kind == "design" and d.numeric
+    q = d.question_text()
+    assert "p99 TTFT" in q and "p99 TPOT" in q and "USD" in q and "per hour" in q
+    cost = d.expected()
+    assert 0 < cost <= a["budget_per_hour"]
+
+    def meets(gpu, tp, replicas):
+        lat = replica_latency(a["model"], gpu, tp, a["rate"] / replicas, a["input_tokens"], a["output_tokens"])
+        return lat.p99_ttft_s <= a["p99_ttft_s"] and lat.p99_tpot_s * 1e3 <= a["p99_tpot_ms"]
+
+    # Some candidate at that cost meets the SLO, and no cheaper candidate does (the search is minimal).
+    at_cost = [(g, tp, r) for g, price in zip(a["gpus"], a["prices"]) for tp in a["tps"] for r in range(1, 9)
+               if math.isclose(r * tp * price, cost)]
+    assert any(meets(*c) for c in at_cost)
+    for gpu, price in zip(a["gpus"], a["prices"]):
+        for tp in a["tps"]:
+            for replicas in range(1, 9):
+                if replicas * tp * price < cost - 1e-9:
+                    assert not meets(gpu, tp, replicas), (gpu, tp, replicas)
+
+
+def test_design_drill_prose_claims_hold():
+    tp = get_drill("slo-tp-or-replicas")
+    facts = tp.facts_for()
+    assert facts["tp1_cost"] > tp.args["budget_per_hour"]          # "TP 1 ... over the budget"
+    assert facts["tp2_cost"] >= tp.expected()
+    moe = get_drill("slo-moe-or-dense")
+    facts = moe.facts_for()
+    assert facts["dense_cost"] > moe.args["budget_per_hour"]       # "the dense model ... over the budget"
+    assert facts["moe_active"] < facts["dense_active"] / 5
+    from servebook.hf_config import load_model_spec
+
+    moe_spec, dense_spec = load_model_spec("qwen3-30b-a3b"), load_model_spec("qwen3-32b")
+    assert moe_spec.num_layers < dense_spec.num_layers                         # "fewer layers
+    assert moe_spec.layers[0].num_kv_heads < dense_spec.layers[0].num_kv_heads   # and KV heads"
+    gpu = get_drill("slo-gpu-choice")
+    facts = gpu.facts_for()
+    assert facts["h200_tpot"] < facts["h100_tpot"]                 # faster HBM, shorter decode steps
+    assert facts["h100_replicas"] == facts["h200_replicas"]        # "... so the price per GPU decides"
+    from servebook.perf import gpu_numbers
+
+    assert gpu_numbers("h100").bf16_dense_flops == gpu_numbers("h200").bf16_dense_flops  # "same bf16 peak"
+    assert gpu_numbers("h100").hbm_bandwidth_bytes_per_s < gpu_numbers("h200").hbm_bandwidth_bytes_per_s
+    assert gpu.expected() == min(facts["h100_cost"], facts["h200_cost"])
 
 
 def test_graph_and_padding_drills_agree_with_the_recorded_logs():

@@ -73,6 +73,7 @@ EXHIBIT_ROOTS = {
     "startup_log": ("tests/fixtures/startup_logs", "startup.log"),
     "capture": ("tests/fixtures/bench", None),
     "step_timing": ("labs/results/step_timing", None),
+    "lab": ("labs/results/labs", None),
 }
 
 CALLS_MODULE = "servebook.drills.calls"
@@ -88,10 +89,15 @@ class Exhibit:
 
     Attributes:
         source: ``"startup_log"`` (a folder of tests/fixtures/startup_logs), ``"capture"``
-            (a folder of tests/fixtures/bench) or ``"step_timing"`` (labs/results/step_timing).
-        name: the folder (or, for step timing, the JSON file's stem).
+            (a folder of tests/fixtures/bench), ``"step_timing"`` (labs/results/step_timing)
+            or ``"lab"`` (a recorded lab result, labs/results/labs/*.json).
+        name: the folder (or, for step timing and labs, the JSON file's stem).
         file: the file inside a capture folder (``metrics_after.txt``, ``bench_stdout.txt`` ...).
-        grep: regular expression; only matching lines are shown (all lines when empty).
+        grep: regular expression; only matching lines are shown (all lines when empty; for
+            a lab, the lines of each selected point's engine log, none when empty).
+        points: lab only: which ``measurements.points`` to show, ``{key: [values]}``.
+        fields: lab only: dotted paths inside a point (``bench.summary.output_throughput``)
+            shown as the file spells them, ``"leaf": value``, before the log lines.
         max_line_chars: longer lines are cut (with "...") so the page stays readable.
         caption: one line saying what the material is and where it was recorded.
     """
@@ -102,6 +108,8 @@ class Exhibit:
     grep: str = ""
     max_line_chars: int = 400
     caption: str = ""
+    points: dict = field(default_factory=dict)
+    fields: tuple = ()
 
     def path(self) -> Path:
         from servebook.engine_env import REPO_ROOT
@@ -110,7 +118,7 @@ class Exhibit:
             raise DrillError(f"exhibit source {self.source!r} is not one of {', '.join(EXHIBIT_ROOTS)}")
         root, default = EXHIBIT_ROOTS[self.source]
         base = REPO_ROOT / root
-        if self.source == "step_timing":
+        if self.source in ("step_timing", "lab"):
             return base / f"{self.name}.json"
         return base / self.name / (self.file or default or "")
 
@@ -120,6 +128,8 @@ class Exhibit:
         if not p.is_file():
             raise DrillError(f"exhibit {p} does not exist; record it first (see the folder's README)")
         text = p.read_text(errors="replace")
+        if self.source == "lab":
+            return self._lab_lines(text)
         if self.source == "step_timing":
             import json
 
@@ -133,6 +143,30 @@ class Exhibit:
                 out.append(line if len(line) <= self.max_line_chars else line[: self.max_line_chars] + " ...")
         if not out:
             raise DrillError(f"exhibit {p}: no line matches {self.grep!r}")
+        return out
+
+    def _lab_lines(self, text: str) -> list[str]:
+        """Selected points of a lab result: each field as the JSON file writes it, then matching log lines."""
+        import json
+
+        points = json.loads(text).get("measurements", {}).get("points", [])
+        chosen = [pt for pt in points if all(pt.get(k) in v for k, v in self.points.items())]
+        if not chosen:
+            raise DrillError(f"exhibit {self.path()}: no measurement point matches {self.points!r}")
+        pattern = re.compile(self.grep) if self.grep else None
+        out = []
+        for pt in chosen:
+            for path in self.fields:
+                value = pt
+                for key in path.split("."):
+                    if not isinstance(value, dict) or key not in value:
+                        raise DrillError(f"exhibit {self.path()}: a point has no field {path!r}")
+                    value = value[key]
+                out.append(f'"{path.split(".")[-1]}": {json.dumps(value)}')
+            if pattern is not None:
+                for line in re.sub(r"\x1b\[[0-9;]*m", "", pt.get("log", "")).splitlines():
+                    if pattern.search(line):
+                        out.append(line if len(line) <= self.max_line_chars else line[: self.max_line_chars] + " ...")
         return out
 
     def text(self) -> str:

@@ -470,3 +470,107 @@ def log_cudagraph_underestimate_gib(name: str) -> float:
     actual = logged(name, "cudagraph_actual_gib")
     estimated = logged(name, "cudagraph_estimated_gib")
     return actual - estimated
+
+
+# --------------------------------------------------------------------- online sizing for an SLO (design)
+
+@lru_cache(maxsize=None)
+def _slo_sizing(model: str, gpus: tuple, prices: tuple, tps: tuple, rate: float, input_tokens: int,
+                output_tokens: int, p99_ttft_s: float, p99_tpot_ms: float, budget_per_hour: float):
+    from servebook.simulator.sizing import SLO, size_for_slo
+
+    if len(gpus) != len(prices):
+        raise ServebookError(f"give one price per GPU: {len(gpus)} GPUs, {len(prices)} prices")
+    return size_for_slo(model, dict(zip(gpus, prices)), list(tps), rate_per_s=rate, input_tokens=input_tokens,
+                        output_tokens=output_tokens, slo=SLO(p99_ttft_s, p99_tpot_ms / 1e3),
+                        budget_per_hour=budget_per_hour)
+
+
+def _slo_best(model, gpus, prices, tps, rate, input_tokens, output_tokens, p99_ttft_s, p99_tpot_ms,
+              budget_per_hour=float("inf")):
+    best, options = _slo_sizing(model, tuple(gpus), tuple(prices), tuple(tps), float(rate), int(input_tokens),
+                                int(output_tokens), float(p99_ttft_s), float(p99_tpot_ms), float(budget_per_hour))
+    if best is None:
+        why = "; ".join(f"{o.gpu} TP {o.tp}: {o.reason}" for o in options)
+        raise ServebookError(f"no deployment of {model} meets the SLO within the budget ({why})")
+    return best
+
+
+def slo_cost_per_hour(**kw) -> float:
+    """Cost per hour (price units) of the cheapest (GPU, TP, replicas) meeting the SLO within budget."""
+    return _slo_best(**kw).cost_per_hour
+
+
+def slo_replicas(**kw) -> float:
+    """Replicas of that cheapest deployment (replicas)."""
+    return float(_slo_best(**kw).replicas)
+
+
+def slo_tp(**kw) -> float:
+    """Tensor-parallel size of that cheapest deployment (GPUs per replica)."""
+    return float(_slo_best(**kw).tp)
+
+
+def slo_p99_tpot_ms(**kw) -> float:
+    """Simulated p99 TPOT of one replica of that deployment at its share of the load, ms."""
+    return _slo_best(**kw).latency.p99_tpot_s * 1e3
+
+
+def slo_p99_ttft_s(**kw) -> float:
+    """Simulated p99 TTFT of one replica of that deployment at its share of the load, s."""
+    return _slo_best(**kw).latency.p99_ttft_s
+
+
+def slo_gpu_price_index(**kw) -> float:
+    """Position (0-based) in ``gpus`` of the GPU that deployment uses."""
+    return float(list(kw["gpus"]).index(_slo_best(**kw).gpu))
+
+
+# --------------------------------------------------------------------- recorded lab results (labs/results/labs)
+
+LAB_RESULTS = REPO_ROOT / "labs" / "results" / "labs"
+
+
+def lab_point_value(lab: str, match_key: str, match, field: str) -> float:
+    """A number of one measurement point of a recorded lab result (``field`` is a dotted path).
+
+    ``lab`` is the file stem (``l3_preemption_gpu``); the point is the one whose
+    ``match_key`` equals ``match`` (e.g. ``max_num_seqs`` = 128).
+    """
+    p = LAB_RESULTS / f"{lab}.json"
+    if not p.exists():
+        raise ServebookError(f"no recorded lab result {p}; run the lab first (labs/results/labs/README.md)")
+    points = [pt for pt in json.loads(p.read_text())["measurements"]["points"] if pt.get(match_key) == match]
+    if len(points) != 1:
+        raise ServebookError(f"{p.name}: {len(points)} points have {match_key} = {match!r}; expected one")
+    value = points[0]
+    for key in field.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise ServebookError(f"{p.name}: the point has no field {field!r}")
+        value = value[key]
+    return float(value)
+
+
+def lab_value(lab: str, field: str) -> float:
+    """A number of a recorded lab result's ``measurements`` (dotted path, e.g. ``workload.input_len``)."""
+    p = LAB_RESULTS / f"{lab}.json"
+    if not p.exists():
+        raise ServebookError(f"no recorded lab result {p}; run the lab first (labs/results/labs/README.md)")
+    value = json.loads(p.read_text())["measurements"]
+    for key in field.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise ServebookError(f"{p.name}: measurements have no field {field!r}")
+        value = value[key]
+    return float(value)
+
+
+def lab_requests_that_fit(lab: str) -> float:
+    """Requests of a lab's workload (prompt + output tokens) whose blocks all fit its KV pool at once."""
+    tokens = lab_value(lab, "workload.input_len") + lab_value(lab, "workload.output_len")
+    return requests_that_fit(int(lab_value(lab, "workload.num_gpu_blocks_override")),
+                             int(lab_value(lab, "block_size")), int(tokens))
+
+
+def lab_tokens_per_request(lab: str) -> float:
+    """Prompt + output tokens of one request of a lab's workload (tokens)."""
+    return lab_value(lab, "workload.input_len") + lab_value(lab, "workload.output_len")

@@ -10,13 +10,15 @@ Public API::
         LinearStepTime, StepTimeModel,            # step cost: step_time_s(P, D, C) -> s
         simulate, SimulationResult,               # run; .steps, .requests, .summary()
     )
-    servebook.simulator.step_time.perf_step_time(spec, gpu, coeffs)   # price steps with servebook.perf
+    PerfStepTime(spec, gpu, coeffs, tp=1)        # price steps with the calibrated servebook.perf model
+    servebook.simulator.step_time.perf_step_time_for(config, gpu)   # the same, loaded by name
     servebook.simulator.plots                     # memory maps, block tables, Gantt, KV over time
     servebook.simulator.engine_trace              # record vLLM's own schedule; compare step by step
+    servebook.simulator.sizing                    # replicas x TP for a p99 TTFT/TPOT SLO and a budget
 """
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
-from servebook.simulator.step_time import LinearStepTime, StepTimeModel
+from servebook.simulator.step_time import LinearStepTime, PerfStepTime, StepTimeModel
 from servebook.simulator.workload import (LENGTH_PRESETS, RequestSpec, Truncation, synthetic_workload,
                                           synthetic_workload_with_truncation)
 
@@ -25,6 +27,7 @@ __all__ = [
     "POLICIES",
     "RESERVATIONS",
     "LinearStepTime",
+    "PerfStepTime",
     "RequestMetrics",
     "RequestSpec",
     "SchedulerConfig",

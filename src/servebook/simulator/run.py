@@ -177,7 +177,10 @@ def simulate(
     Args:
         requests: the workload (any order; served by arrival time, ties by list order).
         config: scheduler settings and policy.
-        step_time_s: step cost model; default :class:`LinearStepTime()`.
+        step_time_s: step cost model; default :class:`LinearStepTime()`. A model whose
+            ``prices_step_content`` is true (e.g. :class:`~servebook.simulator.step_time.PerfStepTime`)
+            is called as ``step_time_s.step_s(prefill_chunks, decode_contexts)`` instead
+            (see :func:`_step_content`).
         record_batches: also record ``{request_id: tokens}`` for every step.
         max_steps: stop with an error after this many steps (a guard; default unlimited).
         snapshot_at_step: keep a picture of KV memory after this step's writes
@@ -190,6 +193,7 @@ def simulate(
         raise ServebookError("request ids repeat; give every request a unique request_id")
     _check_fits(requests, config)
     cost = step_time_s or LinearStepTime()
+    detailed = bool(getattr(cost, "prices_step_content", False))
     sched = make_scheduler(config)
     states = [RequestState(spec, i, config.block_size) for i, spec in enumerate(requests)]
     order = sorted(states, key=lambda s: (s.spec.arrival_s, s.index))
@@ -230,7 +234,12 @@ def simulate(
             if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
         prefill = total - decode
-        dt = cost(prefill, decode, context) if total else 0.0
+        if not total:
+            dt = 0.0
+        elif detailed:
+            dt = cost.step_s(*_step_content(scheduled))
+        else:
+            dt = cost(prefill, decode, context)
         end = clock + dt
         sched.computed_running += total
         finished: list[RequestState] = []
@@ -299,6 +308,20 @@ def simulate(
             raise ServebookError(f"simulation passed max_steps={max_steps}; raise the limit")
     return SimulationResult(config=config, steps=trace, requests=metrics,
                             num_preemptions=sched.num_preemptions, snapshot=snapshot)
+
+
+def _step_content(scheduled) -> tuple[list[tuple[int, int, bool]], list[int]]:
+    """What a step computes: ``(tokens, prior_tokens, completes_prompt)`` per prefilling request
+    and the tokens already cached for each decoding request (its context), before the step."""
+    chunks: list[tuple[int, int, bool]] = []
+    contexts: list[int] = []
+    for r, n in scheduled:
+        computed = r.num_computed + n
+        if n == 1 and r.num_output and computed == r.num_tokens:
+            contexts.append(r.num_computed)
+        else:
+            chunks.append((n, r.num_computed, computed >= r.num_tokens))
+    return chunks, contexts
 
 
 def memory_snapshot(sched) -> dict:

@@ -8,7 +8,9 @@ where ``num_prefill_tokens`` is the number of prompt (or recompute) tokens in th
 step, ``num_decode_seqs`` the number of requests that decode one token, and
 ``context_tokens`` the sum over scheduled requests of the tokens their attention
 reads (their context after the step). Any object with that signature plugs in,
-e.g. a model built by :mod:`servebook.perf`.
+e.g. :class:`PerfStepTime`, which prices the step with the calibrated
+performance model of :mod:`servebook.perf` (a model may instead set
+``prices_step_content = True`` and take the step's content, see there).
 
 :class:`LinearStepTime` is a deliberately simple stand-in: a fixed cost per step
 (reading the weights, launching kernels) plus costs proportional to prefill
@@ -19,8 +21,10 @@ not a measurement. Only *relative* timings (who waits for whom) depend on them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 from servebook.errors import ServebookError
 
@@ -61,22 +65,124 @@ class LinearStepTime:
         )
 
 
-def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "auto") -> StepTimeModel:
-    """A step-time callable backed by :mod:`servebook.perf` (``chunk_budget.mixed_step_s``).
+@dataclass(frozen=True)
+class PerfStepTime:
+    """Step time from the calibrated performance model (:mod:`servebook.perf`), in seconds.
 
-    ``spec`` is a ModelSpec, ``gpu`` and ``coeffs`` what :mod:`servebook.perf` expects
-    (a catalogue GPU and calibrated ``Coefficients``). The simulator reports the sum of
-    context over all scheduled requests; the decoding sequences' mean context is
-    approximated as ``context_tokens / (num_decode_seqs + 1 if prefill else num_decode_seqs)``
-    and the prefill chunk is priced without prior tokens. Imported lazily so that the
-    simulator does not depend on the performance model.
+    The simulator hands it each step's content (:attr:`prices_step_content`):
+    ``prefill_chunks``, one ``(tokens, prior_tokens, completes_prompt)`` per request
+    prefilling (or recomputing) in the step, and ``decode_contexts``, the tokens
+    already in each decoding sequence's KV cache. The step's work is the sum of
+    :func:`~servebook.perf.work.decode_work` over the decoders (their context
+    distribution, so sliding windows are capped per sequence) and one
+    :func:`~servebook.perf.work.prefill_work` per chunk (attending its prior
+    tokens; logits for the prompt's last token only), priced by
+    :func:`~servebook.perf.model.step_time` -- the same call as ``servebook step``.
+
+    Attributes:
+        spec: the model (a ModelSpec).
+        gpu: a catalogue GPU name or GPUNumbers.
+        coeffs: calibrated ``Coefficients`` (see ``calibrated_coefficients``).
+        tp: tensor-parallel size; times are per step of the TP group.
+        kv_cache_dtype: ``auto`` or ``fp8``.
+        cudagraph_max_tokens: largest step replayed as a CUDA graph (larger ones run
+            eagerly); see :func:`servebook.perf.model.cudagraph_max_tokens`.
     """
-    from servebook.perf.chunk_budget import mixed_step_s
 
-    def step_time_s(num_prefill_tokens: int, num_decode_seqs: int, context_tokens: int) -> float:
+    spec: object
+    gpu: object
+    coeffs: object
+    tp: int = 1
+    kv_cache_dtype: str = "auto"
+    cudagraph_max_tokens: int = 512
+    _table: np.ndarray = field(default_factory=lambda: np.empty((0, 7)), init=False, repr=False, compare=False)
+
+    #: Tells :func:`servebook.simulator.simulate` to call :meth:`step_s` with the step's content.
+    prices_step_content = True
+
+    def step_s(self, prefill_chunks, decode_contexts) -> float:
+        """Seconds of a step with these prefill chunks and decoding sequences' contexts (tokens)."""
+        from servebook.perf.model import step_time
+        from servebook.perf.work import Work, prefill_work
+
+        work = self._decode_work(decode_contexts) if decode_contexts else Work()
+        for tokens, prior, last in prefill_chunks:
+            work = work + prefill_work(self.spec, tokens, prior_tokens=prior, tp=self.tp,
+                                       kv_cache_dtype=self.kv_cache_dtype, last_chunk=last)
+        if work.tokens == 0:
+            raise ServebookError("a step needs at least one decode sequence or one prefill token")
+        return step_time(self.spec, self.gpu, work, self.coeffs, tp=self.tp,
+                         cudagraph_max_tokens=self.cudagraph_max_tokens).step_s
+
+    def _decode_work(self, decode_contexts):
+        """Sum of ``decode_work(spec, 1, c)`` over the decoders' contexts ``c``.
+
+        Work is additive over sequences (``decode_work`` of a batch with a context
+        distribution is ``batch`` times its mean), so each sequence's work is looked up
+        in a table filled on first use: one ``decode_work`` call per distinct context
+        instead of one per step, which keeps 10,000-request simulations fast.
+        """
+        from servebook.perf.work import Work, decode_work
+
+        ctx = np.fromiter(decode_contexts, dtype=np.int64, count=len(decode_contexts))
+        table = self._table
+        top = int(ctx.max())
+        if top >= len(table):
+            grown = np.full((max(top + 1, 2 * len(table)), len(Work().astuple())), np.nan)
+            grown[:len(table)] = table
+            table = grown
+            object.__setattr__(self, "_table", table)
+        rows = table[ctx]
+        missing = np.isnan(rows[:, 0])
+        if missing.any():
+            for c in np.unique(ctx[missing]):
+                table[c] = decode_work(self.spec, 1, float(c), tp=self.tp,
+                                       kv_cache_dtype=self.kv_cache_dtype).astuple()
+            rows = table[ctx]
+        return Work(*(float(x) for x in rows.sum(axis=0)))
+
+    def __call__(self, num_prefill_tokens: int, num_decode_seqs: int, context_tokens: int) -> float:
+        """Approximate price from totals alone (for callers that have no step content).
+
+        The decoding sequences' mean context is taken as ``context_tokens`` over all
+        scheduled requests, and the prefill tokens as one chunk without prior tokens.
+        """
+        from servebook.perf import chunk_budget
+
         users = num_decode_seqs + (1 if num_prefill_tokens else 0)
         mean_context = context_tokens / users if users else 0.0
-        return mixed_step_s(spec, gpu, coeffs, prefill_tokens=num_prefill_tokens, decode_batch=num_decode_seqs,
-                            decode_context_tokens=mean_context, tp=tp, kv_cache_dtype=kv_cache_dtype)
+        return chunk_budget.mixed_step_s(self.spec, self.gpu, self.coeffs, prefill_tokens=num_prefill_tokens,
+                                         decode_batch=num_decode_seqs, decode_context_tokens=mean_context,
+                                         tp=self.tp, kv_cache_dtype=self.kv_cache_dtype)
 
-    return step_time_s
+
+def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "auto",
+                   cudagraph_max_tokens: int = 512) -> PerfStepTime:
+    """A :class:`PerfStepTime` for ``spec`` on ``gpu`` with calibrated ``coeffs``."""
+    return PerfStepTime(spec, gpu, coeffs, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                        cudagraph_max_tokens=cudagraph_max_tokens)
+
+
+def perf_step_time_for(config: str, gpu: str, *, tp: int = 1, kv_cache_dtype: str = "auto",
+                       max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                       calibration: str | None = None) -> tuple[PerfStepTime, str]:
+    """Load a model (config.json path, directory or reference id) and a GPU's calibration.
+
+    Returns the step-time model and a note on where its coefficients come from. The
+    CUDA-graph limit follows vLLM's default for ``max_num_seqs`` and
+    ``max_num_batched_tokens``.
+    """
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients, cudagraph_max_tokens
+    from servebook.perf.work import check_tp
+
+    spec = load_model_spec(config)
+    g = gpu_numbers(gpu)
+    check_tp(spec, tp)
+    coeffs, where = calibrated_coefficients(g.name, calibration)
+    if tp > 1 and not coeffs.tp_calibrated:
+        where += "; TP all-reduce not calibrated (bandwidth term at peak link speed only, a lower bound)"
+    model = perf_step_time(spec, g, coeffs, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                           cudagraph_max_tokens=cudagraph_max_tokens(max_num_seqs, max_num_batched_tokens))
+    return model, where
