@@ -230,8 +230,7 @@ def simulate(
             total += n
             computed = r.num_computed + n
             context += computed
-            # a decode: one new token right after an output token (not a prompt's last token)
-            if n == 1 and r.num_output and computed == r.num_tokens:
+            if _is_decode(r, n):
                 decode += 1
         prefill = total - decode
         if not total:
@@ -310,17 +309,22 @@ def simulate(
                             num_preemptions=sched.num_preemptions, snapshot=snapshot)
 
 
+def _is_decode(r: RequestState, n: int) -> bool:
+    """Whether scheduling ``n`` tokens of ``r`` is a decode: one new token right after an output
+    token (not a prompt's last token)."""
+    return n == 1 and bool(r.num_output) and r.num_computed + n == r.num_tokens
+
+
 def _step_content(scheduled) -> tuple[list[tuple[int, int, bool]], list[int]]:
     """What a step computes: ``(tokens, prior_tokens, completes_prompt)`` per prefilling request
     and the tokens already cached for each decoding request (its context), before the step."""
     chunks: list[tuple[int, int, bool]] = []
     contexts: list[int] = []
     for r, n in scheduled:
-        computed = r.num_computed + n
-        if n == 1 and r.num_output and computed == r.num_tokens:
+        if _is_decode(r, n):
             contexts.append(r.num_computed)
         else:
-            chunks.append((n, r.num_computed, computed >= r.num_tokens))
+            chunks.append((n, r.num_computed, r.num_computed + n >= r.num_tokens))
     return chunks, contexts
 
 
