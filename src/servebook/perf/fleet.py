@@ -437,10 +437,8 @@ def _explain_prefill(ours: FleetPlan, d: dict, decode_tokens: int) -> str:
                    "and no communication")
 
 
-def _explain(spec: ModelSpec, gpu, coeffs: Coefficients, d: dict, ours: FleetPlan, batch: int, k: int,
-             draft_total_params: float) -> str:
+def _explain(spec: ModelSpec, d: dict, ours: FleetPlan, batch: int, k: int, draft_total_params: float) -> str:
     """One sentence naming the largest causes of the gap between the draft's hours and ours."""
-    g = gpu_numbers(gpu)
     ctx = ours.mean_running_context_tokens
     dec = decode_work(spec, batch, ctx, tp=ours.tp, query_tokens=k + 1)
     from servebook.perf.work import dense_weight_bytes_read, expert_weight_bytes_read, expected_distinct_experts
@@ -491,5 +489,5 @@ def compare_with_draft(coeffs: Coefficients, gpu="h100-sxm", *, drafter: Drafter
                                      cudagraph_max_tokens=cudagraph_max_tokens), coeffs)
         rows.append({"scenario": label, "model": model_id, "draft": d, "ours": ours.to_dict(),
                      "alpha": spec_cfg.alpha if spec_cfg else None,
-                     "why": _explain(spec, gpu, coeffs, d, ours, batch, k, total_b * 1e9)})
+                     "why": _explain(spec, d, ours, batch, k, total_b * 1e9)})
     return rows
