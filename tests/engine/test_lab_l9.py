@@ -7,7 +7,6 @@ Runs in a few seconds (kernel start, the calculator, one provenance probe in the
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ output or implied by the workload). Wall time per lab is printed (``pytest -s``)
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
