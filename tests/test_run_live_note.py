@@ -6,10 +6,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
 import run_live_note  # noqa: E402
+import yaml  # noqa: E402
+
+#: What the build passes the extension (Jupyter Book maps execute.exclude_patterns to nb_execution_excludepatterns).
+EXCLUDE = yaml.safe_load((Path(__file__).resolve().parents[1] / "_config.yml").read_text())["execute"]["exclude_patterns"]
 
 
 def _text(docname: str) -> str:
-    note = run_live_note._note(docname, ".md")
+    note = run_live_note._note(docname, ".md", EXCLUDE)
     return "" if note is None else note.astext()
 
 
@@ -28,4 +32,4 @@ def test_the_recorded_results_page_is_not_called_a_gpu_lab():
 
 
 def test_chapter_pages_get_no_note():
-    assert run_live_note._note("book/06-01-why-a-serving-engine", ".md") is None
+    assert run_live_note._note("book/06-01-why-a-serving-engine", ".md", EXCLUDE) is None

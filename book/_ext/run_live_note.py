@@ -2,30 +2,35 @@
 
 Each page under ``notebooks/`` gets a short note under its title: where to download the source
 (the download button offers the MyST ``.md`` file) and how to open it in JupyterLab, where
-jupytext opens MyST-markdown notebooks. The GPU labs (``labs/l<N>_*``) get the GPU-node version of
-the note; other pages under ``labs/`` (the recorded-results page, executed at build) get the notebook one.
+jupytext opens MyST-markdown notebooks. Pages under ``labs/`` that the build never executes (the GPU
+labs, by _config.yml's exclude patterns) get the GPU-node version of the note; the others there (the
+recorded-results page, executed at build) get the notebook one.
 """
 from __future__ import annotations
 
 import os
-import re
+from pathlib import PurePosixPath
 
 from docutils import nodes
 
-#: GPU labs (labs/l1_..., labs/l9_...): the same pages _config.yml keeps from execution.
-_GPU_LAB = re.compile(r"labs/l[0-9]")
+
+def _never_executed(path: str, exclude_patterns) -> bool:
+    """Whether the build keeps ``path`` from execution (_config.yml's execute.exclude_patterns,
+    which Jupyter Book passes to myst-nb as ``nb_execution_excludepatterns``)."""
+    return any(PurePosixPath(path).match(p) for p in exclude_patterns)
 
 
-def _note(docname: str, source_suffix: str) -> nodes.Node | None:
+def _note(docname: str, source_suffix: str, exclude_patterns=()) -> nodes.Node | None:
     path = f"{docname}{source_suffix}"
-    if docname.startswith(("notebooks/", "labs/")) and not _GPU_LAB.match(docname):
+    gpu_lab = docname.startswith("labs/") and _never_executed(path, exclude_patterns)
+    if docname.startswith(("notebooks/", "labs/")) and not gpu_lab:
         intro = ("Run this notebook live: download its source with the download button at the top of "
                  f"the page ({path}, a MyST-markdown notebook), or use a clone of the repository. "
                  "In JupyterLab, right-click the file and choose Open With → Jupytext Notebook.")
         steps = (f"bash scripts/build-book.sh      # once: makes .venv with the book's requirements\n"
                  f".venv/bin/pip install \"jupyterlab>=4.2,<5\"\n"
                  f".venv/bin/jupyter lab {path}")
-    elif _GPU_LAB.match(docname):
+    elif gpu_lab:
         intro = ("This GPU lab starts a real vLLM engine and is never executed when the book is built. "
                  "Run it on a GPU node (README: “Run the labs on a GPU node”); in JupyterLab, "
                  "right-click the file and choose Open With → Jupytext Notebook.")
@@ -43,7 +48,7 @@ def _note(docname: str, source_suffix: str) -> nodes.Node | None:
 def _add_note(app, doctree: nodes.document) -> None:
     docname = app.env.docname
     suffix = os.path.splitext(str(app.env.doc2path(docname, base=False)))[1]
-    note = _note(docname, suffix)
+    note = _note(docname, suffix, app.config.nb_execution_excludepatterns)
     if note is None:
         return
     section = next(iter(doctree.findall(nodes.section)), None)
