@@ -149,6 +149,8 @@ class Exhibit:
         """Selected points of a lab result: each field as the JSON file writes it, then matching log lines."""
         import json
 
+        from servebook.drills.calls import value_at
+
         points = json.loads(text).get("measurements", {}).get("points", [])
         chosen = [pt for pt in points if all(pt.get(k) in v for k, v in self.points.items())]
         if not chosen:
@@ -157,11 +159,7 @@ class Exhibit:
         out = []
         for pt in chosen:
             for path in self.fields:
-                value = pt
-                for key in path.split("."):
-                    if not isinstance(value, dict) or key not in value:
-                        raise DrillError(f"exhibit {self.path()}: a point has no field {path!r}")
-                    value = value[key]
+                value = value_at(pt, path, f"exhibit {self.path()}: a point", DrillError)
                 out.append(f'"{path.split(".")[-1]}": {json.dumps(value)}')
             if pattern is not None:
                 for line in re.sub(r"\x1b\[[0-9;]*m", "", pt.get("log", "")).splitlines():

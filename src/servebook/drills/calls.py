@@ -528,7 +528,23 @@ def slo_gpu_price_index(**kw) -> float:
 
 # --------------------------------------------------------------------- recorded lab results (labs/results/labs)
 
-LAB_RESULTS = REPO_ROOT / "labs" / "results" / "labs"
+def _lab_measurements(lab: str) -> tuple[str, dict]:
+    """(file name, ``measurements``) of a recorded lab result, read and checked by
+    :func:`servebook.lab.recorded.load_recorded`; ``lab`` is the file stem (``l3_preemption_gpu``)."""
+    from servebook.lab.recorded import RECORDED_DIR, load_recorded
+
+    path = RECORDED_DIR / f"{lab}.json"
+    return path.name, load_recorded(path)["measurements"]
+
+
+def value_at(value, field: str, where: str, error: type[ServebookError] = ServebookError):
+    """The value at dotted path ``field`` (``bench.summary.output_throughput``) inside nested dicts;
+    ``where`` names the container in the ``error`` raised when a key is missing."""
+    for key in field.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise error(f"{where} has no field {field!r}")
+        value = value[key]
+    return value
 
 
 def lab_point_value(lab: str, match_key: str, match, field: str) -> float:
@@ -537,38 +553,23 @@ def lab_point_value(lab: str, match_key: str, match, field: str) -> float:
     ``lab`` is the file stem (``l3_preemption_gpu``); the point is the one whose
     ``match_key`` equals ``match`` (e.g. ``max_num_seqs`` = 128).
     """
-    p = LAB_RESULTS / f"{lab}.json"
-    if not p.exists():
-        raise ServebookError(f"no recorded lab result {p}; run the lab first (labs/results/labs/README.md)")
-    points = [pt for pt in json.loads(p.read_text())["measurements"]["points"] if pt.get(match_key) == match]
+    name, measurements = _lab_measurements(lab)
+    points = [pt for pt in measurements["points"] if pt.get(match_key) == match]
     if len(points) != 1:
-        raise ServebookError(f"{p.name}: {len(points)} points have {match_key} = {match!r}; expected one")
-    value = points[0]
-    for key in field.split("."):
-        if not isinstance(value, dict) or key not in value:
-            raise ServebookError(f"{p.name}: the point has no field {field!r}")
-        value = value[key]
-    return float(value)
+        raise ServebookError(f"{name}: {len(points)} points have {match_key} = {match!r}; expected one")
+    return float(value_at(points[0], field, f"{name}: the point"))
 
 
 def lab_value(lab: str, field: str) -> float:
     """A number of a recorded lab result's ``measurements`` (dotted path, e.g. ``workload.input_len``)."""
-    p = LAB_RESULTS / f"{lab}.json"
-    if not p.exists():
-        raise ServebookError(f"no recorded lab result {p}; run the lab first (labs/results/labs/README.md)")
-    value = json.loads(p.read_text())["measurements"]
-    for key in field.split("."):
-        if not isinstance(value, dict) or key not in value:
-            raise ServebookError(f"{p.name}: measurements have no field {field!r}")
-        value = value[key]
-    return float(value)
+    name, measurements = _lab_measurements(lab)
+    return float(value_at(measurements, field, f"{name}: measurements"))
 
 
 def lab_requests_that_fit(lab: str) -> float:
     """Requests of a lab's workload (prompt + output tokens) whose blocks all fit its KV pool at once."""
-    tokens = lab_value(lab, "workload.input_len") + lab_value(lab, "workload.output_len")
     return requests_that_fit(int(lab_value(lab, "workload.num_gpu_blocks_override")),
-                             int(lab_value(lab, "block_size")), int(tokens))
+                             int(lab_value(lab, "block_size")), int(lab_tokens_per_request(lab)))
 
 
 def lab_tokens_per_request(lab: str) -> float:
