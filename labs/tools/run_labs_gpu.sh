@@ -17,7 +17,9 @@
 #   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l3
 #   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l4
 #
-# Each lab is capped at 570 s (a `run` call may last 600 s). Files under $OUT:
+# Each lab is capped at 570 s (a `run` call may last 600 s; LAB_TIMEOUT_S overrides the cap), and
+# SERVEBOOK_LAB_DEADLINE (Unix seconds: start + cap - 15) tells Labs 5-7 when to stop starting
+# engines; they save after every engine. Files under $OUT:
 # <lab>_gpu.json (schema servebook.lab/1, with GPU, driver, vLLM version, config hash, flags, date)
 # and <lab>.log (the lab's printed output). Copy the JSON files, unedited, to labs/results/labs/.
 # Model: SERVEBOOK_LAB_MODEL (default llama-3.1-8b, random weights, load_format=dummy: no
@@ -136,6 +138,9 @@ run_lab() {
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
+  # Labs 5-7 read this (servebook.lab.deadline): they skip or stop engines that cannot finish by
+  # then and save after every engine, so a lab cut by the cap still returns what it measured.
+  export SERVEBOOK_LAB_DEADLINE=$(( $(date +%s) + cap - 15 ))
   ${model_env[@]+"${model_env[@]}"} timeout --signal=INT --kill-after="$grace" "$cap" \
     "$PY" -m servebook.lab.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$log.log" | grep -v "^\s*$" | tail -60
   local rc=${PIPESTATUS[0]}

@@ -46,7 +46,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         "l5": {"decode_requests": 4, "decode_prompt_tokens": 16, "decode_output_tokens": 200, "warm_tokens": 16,
                "long_prompt_tokens": 930, "long_output_tokens": 2, "max_model_len": 1024, "max_num_seqs": 8,
                "max_num_batched_tokens": [64], "unchunked_max_num_batched_tokens": 1024, "repeats": 1,
-               "enforce_eager": True},
+               "enforce_eager": True, "config_time_s": 60},
         # L6: servebook.lab.prefix.PrefixWorkload shapes (tokens); a 40-block pool holds the
         # serving workloads but not the 8 offline prefixes of 6 blocks (so order matters there).
         "l6": {"system": {"num_requests": 8, "system_prompt_tokens": 384, "suffix_tokens": 64, "output_tokens": 8},
@@ -68,7 +68,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "dtype": "float32", "num_prompts": 8, "max_tokens": 32, "batch_sizes": [1, 8], "ks": [2, 4],
                "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4, "schedule": [[1, 1, 4], [2, 16, 1]],
                "max_model_len": 512, "max_num_seqs": 16, "repeats": 1, "gpu_memory_utilization": None,
-               "enforce_eager": True, "untrained_control": True},
+               "enforce_eager": True, "untrained_control": True, "analysis_s": 20},
         # L9: no engine on the CPU (TP=2 and two replicas need two GPUs): predictions for the two
         # models the gpu profile measures, with the gpu profile's sizes, and the recorded TP=2 analysis.
         "l9": {"models": ["qwen3-32b", "qwen3-30b-a3b"], "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
@@ -89,7 +89,10 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         "l5": {"decode_requests": 32, "decode_prompt_tokens": 512, "decode_output_tokens": 256, "warm_tokens": 16,
                "long_prompt_tokens": 8000, "long_output_tokens": 2, "max_model_len": 8192, "max_num_seqs": 64,
                "max_num_batched_tokens": [128, 256, 1024], "unchunked_max_num_batched_tokens": 8192,
-               "repeats": 3, "enforce_eager": False},
+               "repeats": 3, "enforce_eager": False,
+               # seconds one configuration is assumed to need before the first has been timed (an
+               # engine start with CUDA graphs took 88-110 s in Labs 2 and 4, plus 3 short runs)
+               "config_time_s": 120},
         # L6: 20,000 blocks of 16 tokens hold the serving workloads with caching off; the 64
         # offline prefixes of 8,192 tokens (32,768 blocks) do not fit at once.
         "l6": {"system": {"num_requests": 128, "system_prompt_tokens": 2048, "suffix_tokens": 256, "output_tokens": 64},
@@ -111,7 +114,9 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 8, 64],
                "ks": [2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
                "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 1,
-               "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False},
+               "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False,
+               # seconds kept, under a runner's deadline, for the cells after the engines
+               "analysis_s": 20},
         # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
         # 3-4 configurations with CUDA graphs inside the 580 s cap of run_labs_gpu.sh's l9-dense /
         # l9-moe (time_budget_s guards it).

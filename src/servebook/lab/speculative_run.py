@@ -189,8 +189,9 @@ def main(jobs_path: str, out_path: str) -> None:
             res = {"name": job["name"], "ok": False, "error": f"{type(exc).__name__}: {exc}", "points": []}
         res["wall_s"] = time.perf_counter() - t0
         results.append(res)
-        with open(out_path, "w") as f:
+        with open(out_path + ".tmp", "w") as f:   # replaced whole: a kill mid-write leaves the last report
             json.dump(results, f)
+        os.replace(out_path + ".tmp", out_path)
 
 
 # ---------------------------------------------------------------------------
@@ -198,14 +199,17 @@ def main(jobs_path: str, out_path: str) -> None:
 
 
 def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s: float = 900,
-                        isolate: bool = False) -> list[dict]:
+                        isolate: bool = False, keep_partial: bool = False) -> list[dict]:
     """Run ``jobs`` in the engine's Python; one result per job, in order.
 
     Each result: ``{"name", "ok", "error", "startup_s", "wall_s", "points": [{"batch",
     "wall_s", "output_tokens", "counters": {"drafts", "draft_tokens", "accepted_tokens",
     "accepted_per_position"}, "outputs"?}], "log"}``. A job that fails has ``ok`` False and
     its error; the others still run. Raises :class:`~servebook.lab.errors.LabError` when a
-    child dies without reporting or runs past ``timeout_s``.
+    child dies without reporting or runs past ``timeout_s`` (seconds, all jobs together) —
+    unless ``keep_partial``: then the jobs reported before that are kept and every job not
+    reported gets ``ok`` False, ``"not_run": True`` and an error saying why (a lab with a
+    deadline records what it measured instead of nothing).
     """
     from servebook.engine_env import REPO_ROOT, vllm_python
     from servebook.lab.errors import LabError
@@ -217,8 +221,13 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     batches = [[j] for j in jobs] if isolate else [list(jobs)]
     results: list[dict] = []
+    deadline = time.monotonic() + timeout_s
     with timed_engine_lock():
         for batch in batches:
+            left = deadline - time.monotonic()
+            if left <= 0 and keep_partial:
+                results += [_not_run(j, "no time left before the timeout") for j in batch]
+                continue
             with tempfile.TemporaryDirectory(prefix="servebook-spec-") as tmp:
                 jobs_path, out_path = os.path.join(tmp, "jobs.json"), os.path.join(tmp, "out.json")
                 with open(jobs_path, "w") as f:
@@ -226,15 +235,22 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
                 proc = subprocess.Popen([str(vllm_python()), "-m", "servebook.lab.speculative_run", jobs_path,
                                          out_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                timed_out = False
                 try:
-                    log, _ = proc.communicate(timeout=timeout_s)
+                    log, _ = proc.communicate(timeout=max(left, 1))
                 except subprocess.TimeoutExpired:
                     kill_group(proc.pid, 5)
-                    raise LabError(f"speculative-decoding jobs ran past {timeout_s:.0f} s; raise timeout_s "
-                                   "or shrink the workload (fewer prompts, batch sizes or tokens)") from None
+                    log, _ = proc.communicate()
+                    if not keep_partial:
+                        raise LabError(f"speculative-decoding jobs ran past {timeout_s:.0f} s; raise timeout_s "
+                                       "or shrink the workload (fewer prompts, batch sizes or tokens)") from None
+                    timed_out = True
                 finally:
                     kill_group(proc.pid, 5)
                 got = json.loads(open(out_path).read()) if os.path.exists(out_path) else []
+                if timed_out:
+                    got += [_not_run(j, f"not reported within the {timeout_s:.0f} s timeout")
+                            for j in batch[len(got):]]
                 if len(got) < len(batch):
                     raise LabError(f"the engine process exited with status {proc.returncode} after reporting "
                                    f"{len(got)} of {len(batch)} jobs; its last output:\n{log[-2000:]}")
@@ -242,6 +258,10 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
                     res["log"] = log
                 results += got
     return results
+
+
+def _not_run(job: dict, why: str) -> dict:
+    return {"name": job["name"], "ok": False, "not_run": True, "error": f"not run: {why}", "points": []}
 
 
 if __name__ == "__main__":
