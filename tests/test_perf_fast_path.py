@@ -122,5 +122,5 @@ def test_the_clock_refuses_an_empty_step_and_a_negative_context():
     clock = PerfStepTime(load_model_spec("llama-3.1-8b"), GPU, CALIBRATED)
     with pytest.raises(ServebookError, match="at least one"):
         clock.step_s([], [])
-    with pytest.raises(ServebookError, match=">= 0"):
+    with pytest.raises(ServebookError, match="context must be >= 0"):
         clock.step_s([], [5, -1])

@@ -95,7 +95,7 @@ class PerfStepTime:
     cudagraph_max_tokens: int = 512
     _pricer: object = field(default=None, init=False, repr=False, compare=False)
     _prefill: object = field(default=None, init=False, repr=False, compare=False)
-    _decode_rows: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _decode_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     #: Tells :func:`servebook.simulator.simulate` to call :meth:`step_s` with the step's content.
     prices_step_content = True
@@ -135,16 +135,11 @@ class PerfStepTime:
         in a table filled on first use: one ``decode_work`` call per distinct context
         instead of one per step, which keeps 10,000-request simulations fast.
         """
-        if min(decode_contexts) < 0:
-            raise ServebookError(f"a decoding sequence's context is {min(decode_contexts)} tokens; it must be >= 0")
         table = self._decode_rows
         try:
             rows = list(map(table.__getitem__, decode_contexts))
-        except IndexError:
-            table.extend([None] * (max(decode_contexts) + 1 - len(table)))
-            rows = list(map(table.__getitem__, decode_contexts))
-        if None in rows:
-            rows = [row or self._decode_row(c) for row, c in zip(rows, decode_contexts)]
+        except KeyError:  # a context seen for the first time (decode_work refuses a negative one)
+            rows = [table[c] if c in table else self._decode_row(c) for c in decode_contexts]
         return list(map(sum, zip(*rows)))
 
     def _decode_row(self, context: int) -> tuple[float, ...]:
