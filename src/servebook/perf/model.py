@@ -39,18 +39,19 @@ import numpy as np
 
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
+from servebook.perf._arith import maximum, where
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
 from servebook.perf.work import (
     Work,
-    allreduce_bytes,
+    _allreduce_bytes,
+    _expert_weight_bytes_read,
+    _tokens_per_touched_expert,
     allreduce_count,
     check_tp,
     decode_work,
     dense_weight_bytes_read,
-    expert_weight_bytes_read,
     prefill_work,
     prompt_chunks,
-    tokens_per_touched_expert,
 )
 
 
@@ -124,9 +125,12 @@ class Coefficients:
 
 def smoothmax(a, b, p: float):
     """``(a^p + b^p)^(1/p)``: equals max(a, b) as p grows, their sum at p = 1."""
-    a = np.asarray(a, dtype=float)
-    b = np.asarray(b, dtype=float)
-    m = np.maximum(np.maximum(a, b), 1e-300)
+    return _smoothmax(np.asarray(a, dtype=float), np.asarray(b, dtype=float), p)
+
+
+def _smoothmax(a, b, p: float):
+    """:func:`smoothmax` of floats or float arrays (a float for floats)."""
+    m = maximum(maximum(a, b), 1e-300)
     return m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
 
 
@@ -159,35 +163,49 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
     ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool).
     """
+    return _step_seconds(g, c, weight_bytes=np.asarray(weight_bytes), expert_bytes=np.asarray(expert_bytes),
+                         tokens=np.asarray(tokens, dtype=float), sequences=np.asarray(sequences, dtype=float),
+                         linear_flops=np.asarray(linear_flops), kv_read_bytes=np.asarray(kv_read_bytes),
+                         attention_flops=np.asarray(attention_flops), allreduces=np.asarray(allreduces),
+                         allreduce_bytes_each=np.asarray(allreduce_bytes_each), tp=tp,
+                         expert_flops=np.asarray(expert_flops, dtype=float),
+                         expert_rows=np.asarray(expert_rows, dtype=float), layers=np.asarray(layers, dtype=float),
+                         moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool))
+
+
+def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences, linear_flops,
+                  kv_read_bytes, attention_flops, allreduces, allreduce_bytes_each, tp: int, expert_flops,
+                  expert_rows, layers, moe_layers, eager) -> dict:
+    """:func:`step_seconds` on float arrays, or on Python floats (then it returns floats).
+
+    The one copy of the formula: :func:`step_seconds` gives it arrays, :class:`StepPricer`
+    (one step at a time) floats, for which it makes no numpy call.
+    """
     bw = g.hbm_bandwidth_bytes_per_s
     flops = g.bf16_dense_flops
-    tokens = np.asarray(tokens, dtype=float)
-    read_s = np.asarray(weight_bytes) / (bw * c.weight_bandwidth_eff) + np.asarray(expert_bytes) / (
-        bw * c.expert_bandwidth_eff)
+    read_s = weight_bytes / (bw * c.weight_bandwidth_eff) + expert_bytes / (bw * c.expert_bandwidth_eff)
     matmul_eff = c.matmul_peak_eff * tokens / (tokens + c.matmul_half_tokens)
-    expert_flops = np.asarray(expert_flops, dtype=float)
-    rows = np.maximum(np.asarray(expert_rows, dtype=float), 1e-9)
+    rows = maximum(expert_rows, 1e-9)
     expert_peak = c.expert_matmul_peak_eff if c.expert_matmul_peak_eff is not None else c.matmul_peak_eff
     expert_eff = expert_peak * rows / (rows + c.matmul_half_tokens)
-    compute_s = (np.asarray(linear_flops) - expert_flops) / (flops * matmul_eff) + expert_flops / (flops * expert_eff)
-    linear_s = smoothmax(read_s, compute_s, c.smoothmax_p)
-    attention_s = smoothmax(np.asarray(kv_read_bytes) / (bw * c.kv_bandwidth_eff),
-                            np.asarray(attention_flops) / (flops * c.attention_eff), c.smoothmax_p)
+    compute_s = (linear_flops - expert_flops) / (flops * matmul_eff) + expert_flops / (flops * expert_eff)
+    linear_s = _smoothmax(read_s, compute_s, c.smoothmax_p)
+    attention_s = _smoothmax(kv_read_bytes / (bw * c.kv_bandwidth_eff),
+                             attention_flops / (flops * c.attention_eff), c.smoothmax_p)
     allreduce_s = 0.0 * tokens
     if tp > 1:
         link = g.link_bytes_per_s_each_way * (c.link_eff if c.link_eff is not None else 1.0)
         if link <= 0:
             raise ServebookError(f"GPU {g.name} has no interconnect bandwidth in the catalogue; "
                                  "tensor parallelism cannot be modelled on it")
-        per = (c.allreduce_latency_s or 0.0) + 2 * (tp - 1) / tp * np.asarray(allreduce_bytes_each) / link
-        allreduce_s = np.asarray(allreduces) * per
-    layers = np.asarray(layers, dtype=float)
-    moe_layers = np.asarray(moe_layers, dtype=float)
-    overhead_s = (c.step_overhead_s + c.per_sequence_overhead_s * np.asarray(sequences, dtype=float)
+        per = (c.allreduce_latency_s or 0.0) + 2 * (tp - 1) / tp * allreduce_bytes_each / link
+        allreduce_s = allreduces * per
+    overhead_s = (c.step_overhead_s + c.per_sequence_overhead_s * sequences
                   + c.per_layer_overhead_s * layers + c.per_moe_layer_overhead_s * moe_layers)
     gpu_s = linear_s + attention_s + allreduce_s
     host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers
-    body_s = np.where(np.asarray(eager, dtype=bool), smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
+    # (a float step that is not eager skips the smooth maximum it would discard)
+    body_s = gpu_s if eager is False else where(eager, _smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
     return {"step_s": overhead_s + body_s, "overhead_s": overhead_s,
             "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
             "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
@@ -216,22 +234,63 @@ def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int
 
     Steps of more than ``cudagraph_max_tokens`` tokens run eagerly (see module docstring).
     """
-    g = gpu_numbers(gpu)
-    weights = dense_weight_bytes_read(spec, tp)
-    experts = float(expert_weight_bytes_read(spec, work.tokens, tp))
-    t = step_seconds(g, coeffs, weight_bytes=weights, expert_bytes=experts, tokens=work.tokens,
-                     sequences=work.sequences, linear_flops=work.linear_flops,
-                     kv_read_bytes=work.kv_read_bytes, attention_flops=work.attention_flops,
-                     allreduces=allreduce_count(spec, tp),
-                     allreduce_bytes_each=float(allreduce_bytes(spec, work.tokens, tp)), tp=tp,
-                     expert_flops=work.expert_flops, expert_rows=float(tokens_per_touched_expert(spec, work.tokens)),
-                     layers=spec.num_layers, moe_layers=_moe_layers(spec), eager=work.tokens > cudagraph_max_tokens)
-    return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]) + float(t["eager_extra_s"]),
-                         linear_s=float(t["linear_s"]), attention_s=float(t["attention_s"]),
-                         allreduce_s=float(t["allreduce_s"]), weight_bytes=weights, expert_bytes=experts,
-                         kv_read_bytes=work.kv_read_bytes, linear_flops=work.linear_flops,
-                         attention_flops=work.attention_flops, tokens=work.tokens,
-                         bound="compute" if bool(t["compute_bound"]) else "memory")
+    return StepPricer(spec, gpu, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens).breakdown(work)
+
+
+class StepPricer:
+    """:func:`step_time` for one model, GPU, coefficients, TP size and CUDA-graph limit.
+
+    What does not depend on the step (GPU peaks, weight bytes, layer counts) is computed
+    once; each step is then priced in Python floats by the formula :func:`step_seconds`
+    evaluates over arrays. :func:`step_time` builds one per call; a simulator keeps one
+    for all its steps (:meth:`step_s`, about 10 us a step).
+    """
+
+    def __init__(self, spec: ModelSpec, gpu, coeffs: Coefficients, *, tp: int = 1,
+                 cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS):
+        self.spec = spec
+        self.gpu = gpu_numbers(gpu)
+        self.coeffs = coeffs
+        self.tp = tp
+        self.cudagraph_max_tokens = cudagraph_max_tokens
+        self.weight_bytes = dense_weight_bytes_read(spec, tp)
+        self.allreduces = float(allreduce_count(spec, tp))
+        self.layers = float(spec.num_layers)
+        self.moe_layers = float(_moe_layers(spec))
+
+    def terms(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
+              expert_flops) -> dict:
+        """:func:`step_seconds`' dict (floats) for a step whose :meth:`Work.astuple` is the arguments,
+        plus ``expert_bytes``, the routed-expert weight bytes it reads."""
+        spec, tp = self.spec, self.tp
+        t = float(tokens)
+        expert_bytes = _expert_weight_bytes_read(spec, t, tp)
+        args = dict(weight_bytes=self.weight_bytes, expert_bytes=expert_bytes, tokens=t,
+                    sequences=float(sequences), linear_flops=float(linear_flops),
+                    kv_read_bytes=float(kv_read_bytes), attention_flops=float(attention_flops),
+                    allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
+                    expert_flops=float(expert_flops), expert_rows=_tokens_per_touched_expert(spec, t),
+                    layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens)
+        try:
+            out = _step_seconds(self.gpu, self.coeffs, **args)
+        except (ZeroDivisionError, OverflowError):  # e.g. a step of no tokens: numpy's inf/nan, as over arrays
+            out = {k: v[()] for k, v in step_seconds(self.gpu, self.coeffs, **args).items()}
+        out["expert_bytes"] = expert_bytes
+        return out
+
+    def step_s(self, *work: float) -> float:
+        """Seconds of a step whose :meth:`Work.astuple` is ``work``."""
+        return self.terms(*work)["step_s"]
+
+    def breakdown(self, work: Work) -> StepBreakdown:
+        """The :class:`StepBreakdown` of a step of content ``work``."""
+        t = self.terms(*work.astuple())
+        return StepBreakdown(step_s=float(t["step_s"]), overhead_s=float(t["overhead_s"]) + float(t["eager_extra_s"]),
+                             linear_s=float(t["linear_s"]), attention_s=float(t["attention_s"]),
+                             allreduce_s=float(t["allreduce_s"]), weight_bytes=self.weight_bytes,
+                             expert_bytes=float(t["expert_bytes"]), kv_read_bytes=work.kv_read_bytes,
+                             linear_flops=work.linear_flops, attention_flops=work.attention_flops,
+                             tokens=work.tokens, bound="compute" if bool(t["compute_bound"]) else "memory")
 
 
 def decode_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, batch: int, context_tokens: float,

@@ -34,6 +34,7 @@ import numpy as np
 
 from servebook.errors import ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
+from servebook.perf._arith import clip, maximum, where
 
 #: Bytes per element of the KV cache for the ``--kv-cache-dtype`` values vLLM accepts.
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -124,16 +125,22 @@ def causal_keys(prior_tokens, new_tokens, window: int | None):
     """Keys attended in total by ``new_tokens`` queries appended after ``prior_tokens``.
 
     Query ``i`` (1-based position ``prior + i``) attends ``min(prior + i, window)``
-    keys. Closed form, vectorised over numpy arrays.
+    keys. Closed form, vectorised over numpy arrays; two Python numbers give a float
+    (the same formula without numpy calls, which cost microseconds per scalar).
     """
-    p = np.asarray(prior_tokens, dtype=float)
-    n = np.asarray(new_tokens, dtype=float)
+    if isinstance(prior_tokens, (int, float)) and isinstance(new_tokens, (int, float)):
+        return _causal_keys(float(prior_tokens), float(new_tokens), window)
+    return _causal_keys(np.asarray(prior_tokens, dtype=float), np.asarray(new_tokens, dtype=float), window)
+
+
+def _causal_keys(p, n, window: int | None):
+    """:func:`causal_keys` on floats or float arrays ``p`` (prior) and ``n`` (new tokens)."""
     full = n * p + n * (n + 1) / 2
     if window is None:
         return full
     w = float(window)
     # positions p+1 .. p+n; those <= w contribute their position, the rest w.
-    k = np.clip(w - p, 0, n)  # number of queries whose position is <= w
+    k = clip(w - p, 0, n)  # number of queries whose position is <= w
     below = k * p + k * (k + 1) / 2
     return below + (n - k) * w
 
@@ -161,18 +168,26 @@ def expert_flops_per_token(spec: ModelSpec) -> float:
 
 def tokens_per_touched_expert(spec: ModelSpec, tokens):
     """Rows each touched expert's GEMM gets in a step of ``tokens`` tokens (``tokens x k / distinct``)."""
-    t = np.asarray(tokens, dtype=float)
+    return _tokens_per_touched_expert(spec, np.asarray(tokens, dtype=float))
+
+
+def _tokens_per_touched_expert(spec: ModelSpec, t):
+    """:func:`tokens_per_touched_expert` of a float or float array ``t`` (a float for a float)."""
     if spec.moe is None:
         return t
-    distinct = expected_distinct_experts(spec, t)
-    return np.where(distinct > 0, t * spec.moe.experts_per_token / np.maximum(distinct, 1e-12), 0.0)
+    distinct = _expected_distinct_experts(spec, t)
+    return where(distinct > 0, t * spec.moe.experts_per_token / maximum(distinct, 1e-12), 0.0)
 
 
 def expected_distinct_experts(spec: ModelSpec, tokens) -> np.ndarray:
     """Expected distinct routed experts per MoE layer touched by ``tokens`` tokens (uniform routing)."""
-    t = np.asarray(tokens, dtype=float)
+    return _expected_distinct_experts(spec, np.asarray(tokens, dtype=float))
+
+
+def _expected_distinct_experts(spec: ModelSpec, t):
+    """:func:`expected_distinct_experts` of a float or float array ``t`` (a float for a float)."""
     if spec.moe is None:
-        return np.zeros_like(t)
+        return 0.0 * t
     e, k = spec.moe.num_experts, spec.moe.experts_per_token
     return e * (1.0 - (1.0 - k / e) ** t)
 
@@ -186,11 +201,16 @@ def dense_weight_bytes_read(spec: ModelSpec, tp: int = 1) -> float:
 
 def expert_weight_bytes_read(spec: ModelSpec, tokens, tp: int = 1) -> np.ndarray:
     """Routed-expert weight bytes one GPU reads in a step of ``tokens`` tokens."""
+    return _expert_weight_bytes_read(spec, np.asarray(tokens, dtype=float), tp)
+
+
+def _expert_weight_bytes_read(spec: ModelSpec, t, tp: int):
+    """:func:`expert_weight_bytes_read` of a float or float array ``t`` (a float for a float)."""
     if spec.moe is None:
-        return np.zeros_like(np.asarray(tokens, dtype=float))
+        return 0.0 * t
     per_expert = spec.moe.params_per_expert * _bytes_per_param(spec)
     layers = len(spec.moe.moe_layer_indices)
-    return expected_distinct_experts(spec, tokens) * per_expert * layers / tp
+    return _expected_distinct_experts(spec, t) * per_expert * layers / tp
 
 
 @dataclass(frozen=True)
@@ -269,23 +289,44 @@ def prefill_work(spec: ModelSpec, tokens, *, prior_tokens=0, tp: int = 1,
     sliding layers); its logits are computed for its last token only when it is
     the prompt's last chunk.
     """
-    n = float(tokens)
-    p = float(prior_tokens)
-    if n < 1 or p < 0:
-        raise ServebookError(f"a prefill chunk needs >= 1 token and >= 0 prior tokens, got {tokens}, {prior_tokens}")
-    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
-    attn_flops = 0.0
-    kv_bytes = 0.0
-    for layer in spec.layers:
-        keys = float(causal_keys(p, n, layer.sliding_window))
-        attn_flops += 2 * (spec.num_attention_heads / tp) * _attention_dims(spec, layer) * keys
-        prior_read = p if layer.sliding_window is None else min(p, layer.sliding_window)
-        # read prior KV once, write the chunk's own KV once
-        kv_bytes += (prior_read + n) * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
-    sampled = 1.0 if last_chunk else 0.0
-    linear = 2.0 * (matmul_params_per_token(spec) * n + _head_params(spec) * sampled) / tp
-    return Work(tokens=n, sequences=1.0, sampled_tokens=sampled, linear_flops=linear,
-                attention_flops=attn_flops, kv_read_bytes=kv_bytes, expert_flops=expert_flops_per_token(spec) * n / tp)
+    return Work(*PrefillWork(spec, tp=tp, kv_cache_dtype=kv_cache_dtype)(tokens, prior_tokens, last_chunk))
+
+
+class PrefillWork:
+    """:func:`prefill_work` for one model, TP size and KV dtype, its per-layer constants computed once.
+
+    ``PrefillWork(spec, tp=..., kv_cache_dtype=...)(tokens, prior_tokens, last_chunk)`` is the
+    :meth:`Work.astuple` of ``prefill_work(spec, tokens, prior_tokens=..., ...)``: the function
+    builds one of these per call, a simulator keeps one for all its steps.
+    """
+
+    def __init__(self, spec: ModelSpec, *, tp: int = 1, kv_cache_dtype: str | int = "auto"):
+        self.dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+        self.tp = tp
+        q_heads = spec.num_attention_heads / tp
+        # per layer: window, attention FLOPs per key attended, KV elements per token
+        self.layers = tuple((layer.sliding_window, 2 * q_heads * _attention_dims(spec, layer),
+                             kv_elements_per_token_per_gpu(layer, tp)) for layer in spec.layers)
+        self.matmul_params = matmul_params_per_token(spec)
+        self.head_params = _head_params(spec)
+        self.expert_flops_per_token = expert_flops_per_token(spec)
+
+    def __call__(self, tokens, prior_tokens=0, last_chunk: bool = True) -> tuple[float, ...]:
+        n = float(tokens)
+        p = float(prior_tokens)
+        if n < 1 or p < 0:
+            raise ServebookError(f"a prefill chunk needs >= 1 token and >= 0 prior tokens, got {tokens}, {prior_tokens}")
+        dtype_bytes = self.dtype_bytes
+        attn_flops = 0.0
+        kv_bytes = 0.0
+        for window, flops_per_key, kv_elements in self.layers:
+            attn_flops += flops_per_key * _causal_keys(p, n, window)
+            prior_read = p if window is None else min(p, window)
+            # read prior KV once, write the chunk's own KV once
+            kv_bytes += (prior_read + n) * kv_elements * dtype_bytes
+        sampled = 1.0 if last_chunk else 0.0
+        linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
+        return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
 
 
 def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
@@ -307,9 +348,14 @@ def allreduce_count(spec: ModelSpec, tp: int) -> int:
 
 def allreduce_bytes(spec: ModelSpec, tokens, tp: int):
     """Bytes one all-reduce moves: a ``tokens x hidden`` activation in bf16 (0 when ``tp == 1``)."""
+    return _allreduce_bytes(spec, np.asarray(tokens, dtype=float), tp)
+
+
+def _allreduce_bytes(spec: ModelSpec, t, tp: int):
+    """:func:`allreduce_bytes` of a float or float array ``t`` (a float for a float)."""
     if tp == 1:
-        return 0.0 * np.asarray(tokens, dtype=float)
-    return np.asarray(tokens, dtype=float) * spec.hidden_size * ACTIVATION_BYTES
+        return 0.0 * t
+    return t * spec.hidden_size * ACTIVATION_BYTES
 
 
 def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,

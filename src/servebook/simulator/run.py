@@ -179,8 +179,9 @@ def simulate(
         config: scheduler settings and policy.
         step_time_s: step cost model; default :class:`LinearStepTime()`. A model whose
             ``prices_step_content`` is true (e.g. :class:`~servebook.simulator.step_time.PerfStepTime`)
-            is called as ``step_time_s.step_s(prefill_chunks, decode_contexts)`` instead
-            (see :func:`_step_content`).
+            is called as ``step_time_s.step_s(prefill_chunks, decode_contexts)`` instead:
+            ``(tokens, prior_tokens, completes_prompt)`` per request prefilling in the step
+            and the tokens already cached for each decoding request.
         record_batches: also record ``{request_id: tokens}`` for every step.
         max_steps: stop with an error after this many steps (a guard; default unlimited).
         snapshot_at_step: keep a picture of KV memory after this step's writes
@@ -225,18 +226,25 @@ def simulate(
                     f"the scheduler is stuck: request {head} cannot be admitted into an otherwise "
                     f"idle engine; give more KV blocks or a larger max_num_batched_tokens"
                 )
+        # The step's content, in one pass: (tokens, prior_tokens, completes_prompt) per prefilling
+        # request and the tokens already cached for each decoding request (its context), before the step.
         decode = context = total = 0
+        chunks: list[tuple[int, int, bool]] = []
+        contexts: list[int] = []
         for r, n in scheduled:
             total += n
             computed = r.num_computed + n
             context += computed
             if _is_decode(r, n):
                 decode += 1
+                contexts.append(r.num_computed)
+            else:
+                chunks.append((n, r.num_computed, computed >= r.num_tokens))
         prefill = total - decode
         if not total:
             dt = 0.0
         elif detailed:
-            dt = cost.step_s(*_step_content(scheduled))
+            dt = cost.step_s(chunks, contexts)
         else:
             dt = cost(prefill, decode, context)
         end = clock + dt
@@ -313,19 +321,6 @@ def _is_decode(r: RequestState, n: int) -> bool:
     """Whether scheduling ``n`` tokens of ``r`` is a decode: one new token right after an output
     token (not a prompt's last token)."""
     return n == 1 and bool(r.num_output) and r.num_computed + n == r.num_tokens
-
-
-def _step_content(scheduled) -> tuple[list[tuple[int, int, bool]], list[int]]:
-    """What a step computes: ``(tokens, prior_tokens, completes_prompt)`` per prefilling request
-    and the tokens already cached for each decoding request (its context), before the step."""
-    chunks: list[tuple[int, int, bool]] = []
-    contexts: list[int] = []
-    for r, n in scheduled:
-        if _is_decode(r, n):
-            contexts.append(r.num_computed)
-        else:
-            chunks.append((n, r.num_computed, r.num_computed + n >= r.num_tokens))
-    return chunks, contexts
 
 
 def memory_snapshot(sched) -> dict:

@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from servebook.errors import ServebookError
 
 
@@ -95,51 +93,61 @@ class PerfStepTime:
     tp: int = 1
     kv_cache_dtype: str = "auto"
     cudagraph_max_tokens: int = 512
-    _table: np.ndarray = field(default_factory=lambda: np.empty((0, 7)), init=False, repr=False, compare=False)
+    _pricer: object = field(default=None, init=False, repr=False, compare=False)
+    _prefill: object = field(default=None, init=False, repr=False, compare=False)
+    _decode_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     #: Tells :func:`servebook.simulator.simulate` to call :meth:`step_s` with the step's content.
     prices_step_content = True
 
     def step_s(self, prefill_chunks, decode_contexts) -> float:
-        """Seconds of a step with these prefill chunks and decoding sequences' contexts (tokens)."""
-        from servebook.perf.model import step_time
-        from servebook.perf.work import Work, prefill_work
+        """Seconds of a step with these prefill chunks and decoding sequences' contexts (tokens).
 
-        work = self._decode_work(decode_contexts) if decode_contexts else Work()
+        Equals ``step_time(spec, gpu, work, coeffs, ...).step_s`` for the step's ``work``
+        (the decoders' ``decode_work`` plus each chunk's ``prefill_work``), through the
+        same functions with their per-model constants kept (``StepPricer``,
+        ``PrefillWork``) and the step's work summed as a tuple of floats.
+        """
+        pricer = self._pricer or self._keep_constants()
+        work = self._decode_work(decode_contexts) if decode_contexts else [0.0] * 7
+        prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
-            work = work + prefill_work(self.spec, tokens, prior_tokens=prior, tp=self.tp,
-                                       kv_cache_dtype=self.kv_cache_dtype, last_chunk=last)
-        if work.tokens == 0:
+            work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
+        if work[0] == 0:
             raise ServebookError("a step needs at least one decode sequence or one prefill token")
-        return step_time(self.spec, self.gpu, work, self.coeffs, tp=self.tp,
-                         cudagraph_max_tokens=self.cudagraph_max_tokens).step_s
+        return pricer.step_s(*work)
 
-    def _decode_work(self, decode_contexts):
-        """Sum of ``decode_work(spec, 1, c)`` over the decoders' contexts ``c``.
+    def _keep_constants(self):
+        """Build (on the first step) what does not change from step to step; returns the StepPricer."""
+        from servebook.perf.model import StepPricer
+        from servebook.perf.work import PrefillWork
+
+        object.__setattr__(self, "_prefill", PrefillWork(self.spec, tp=self.tp, kv_cache_dtype=self.kv_cache_dtype))
+        object.__setattr__(self, "_pricer", StepPricer(self.spec, self.gpu, self.coeffs, tp=self.tp,
+                                                       cudagraph_max_tokens=self.cudagraph_max_tokens))
+        return self._pricer
+
+    def _decode_work(self, decode_contexts) -> list[float]:
+        """Sum of ``decode_work(spec, 1, c).astuple()`` over the decoders' contexts ``c``.
 
         Work is additive over sequences (``decode_work`` of a batch with a context
         distribution is ``batch`` times its mean), so each sequence's work is looked up
         in a table filled on first use: one ``decode_work`` call per distinct context
         instead of one per step, which keeps 10,000-request simulations fast.
         """
-        from servebook.perf.work import Work, decode_work
+        table = self._decode_rows
+        try:
+            rows = list(map(table.__getitem__, decode_contexts))
+        except KeyError:  # a context seen for the first time (decode_work refuses a negative one)
+            rows = [table[c] if c in table else self._decode_row(c) for c in decode_contexts]
+        return list(map(sum, zip(*rows)))
 
-        ctx = np.fromiter(decode_contexts, dtype=np.int64, count=len(decode_contexts))
-        table = self._table
-        top = int(ctx.max())
-        if top >= len(table):
-            grown = np.full((max(top + 1, 2 * len(table)), len(Work().astuple())), np.nan)
-            grown[:len(table)] = table
-            table = grown
-            object.__setattr__(self, "_table", table)
-        rows = table[ctx]
-        missing = np.isnan(rows[:, 0])
-        if missing.any():
-            for c in np.unique(ctx[missing]):
-                table[c] = decode_work(self.spec, 1, float(c), tp=self.tp,
-                                       kv_cache_dtype=self.kv_cache_dtype).astuple()
-            rows = table[ctx]
-        return Work(*(float(x) for x in rows.sum(axis=0)))
+    def _decode_row(self, context: int) -> tuple[float, ...]:
+        from servebook.perf.work import decode_work
+
+        row = decode_work(self.spec, 1, float(context), tp=self.tp, kv_cache_dtype=self.kv_cache_dtype).astuple()
+        self._decode_rows[context] = row
+        return row
 
     def __call__(self, num_prefill_tokens: int, num_decode_seqs: int, context_tokens: int) -> float:
         """Approximate price from totals alone (for callers that have no step content).
