@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
@@ -174,7 +174,7 @@ class FleetPlan:
 
 
 def kv_budget_bytes_per_gpu(spec: ModelSpec, gpu, *, tp: int, gpu_memory_utilization: float,
-                            max_num_batched_tokens: int, max_num_seqs: int = 256) -> tuple[float, str]:
+                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[float, str]:
     """KV cache bytes per GPU (vLLM's start-up accounting, :func:`servebook.memory.memory_budget`) and its status.
 
     Raises:
@@ -362,14 +362,31 @@ def draft_estimate(requests: int, input_tokens: int, output_tokens: int, *, acti
             "requests_per_s": requests / total}
 
 
+def serve_batch_defaults(spec: ModelSpec, gpu) -> tuple[int, int]:
+    """vLLM's ``vllm serve`` default ``(max_num_batched_tokens, max_num_seqs)`` for this model on ``gpu``.
+
+    The same call ``servebook plan`` makes (:func:`servebook.memory.vllm_batch_defaults`, with the
+    model's own context as ``max_model_len``, plan's default), so a KV check sized here and plan's
+    budget cannot disagree.
+    """
+    g = gpu_numbers(gpu)
+    return vllm_batch_defaults(int(g.memory_bytes), g.name, max_model_len=spec.max_position_embeddings or None)
+
+
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
-                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_num_batched_tokens: int = 8192,
-                       max_num_seqs: int = 256) -> tuple[int, float, float]:
+                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                       max_num_batched_tokens: int | None = None,
+                       max_num_seqs: int | None = None) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
     Per-sequence bytes round the context up to whole 16-token blocks; sliding
-    layers hold their window plus one block.
+    layers hold their window plus one block. ``max_num_batched_tokens`` and
+    ``max_num_seqs`` (which size the profiled activations) default to vLLM's
+    for the GPU (:func:`serve_batch_defaults`).
     """
+    default_tokens, default_seqs = serve_batch_defaults(spec, gpu)
+    max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     ctx = math.ceil(context_tokens / BLOCK_TOKENS) * BLOCK_TOKENS
@@ -382,12 +399,16 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
 
 def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float, tp: int = 1,
                       kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                      max_num_batched_tokens: int = 8192) -> int:
-    """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache."""
+                      max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int:
+    """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache.
+
+    ``max_num_batched_tokens`` / ``max_num_seqs``: None for vLLM's defaults on the GPU (:func:`decode_batch_limit`).
+    """
     limit, budget, per_seq = decode_batch_limit(spec, gpu, context_tokens=context_tokens, tp=tp,
                                                 kv_cache_dtype=kv_cache_dtype,
                                                 gpu_memory_utilization=gpu_memory_utilization,
-                                                max_num_batched_tokens=max_num_batched_tokens)
+                                                max_num_batched_tokens=max_num_batched_tokens,
+                                                max_num_seqs=max_num_seqs)
     if budget <= 0:
         raise DoesNotFitError(f"{spec.name} leaves no KV cache room on {gpu_numbers(gpu).name} at tp={tp} "
                               f"(weights {spec.weight_bytes / tp / 2**30:.1f} GiB per GPU); raise --tp")
