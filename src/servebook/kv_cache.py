@@ -623,7 +623,7 @@ def capacity(
         raise DoesNotFitError(
             f"one request of {max_model_len} tokens needs {needed / 2**30:.2f} GiB of KV cache "
             f"per GPU but only {available / 2**30:.2f} GiB is available{hint}. Lower "
-            "--max-model-len, raise --gpu-memory-utilization, use fp8 KV cache or more GPUs (--tp)"
+            "--max-model-len, raise --gpu-memory-utilization, use --kv-cache-dtype fp8 or more GPUs (--tp)"
         )
     num_blocks = available // layout.bytes_per_block
     per_request = layout.blocks_per_request(max_model_len, in_flight)

@@ -258,7 +258,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     if kv_bytes_per_sequence(spec, longest, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
                              sliding_extra_tokens=d.max_num_batched_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
-                              f"{kv_budget / 2**30:.1f} GiB per GPU available; raise tp, use fp8 KV or cap lengths")
+                              f"{kv_budget / 2**30:.1f} GiB per GPU available; raise --tp, use --kv-cache-dtype fp8 "
+                              "or shorten the requests (--input-tokens, --output-tokens or their spread)")
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window: hold window + one block
     kv_hold = float(np.dot(weights, kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
@@ -269,7 +270,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
             raise DoesNotFitError(
                 f"batch {d.batch} needs {d.batch * kv_hold / 2**30:.1f} GiB of KV cache per GPU on average "
                 f"but {kv_budget / 2**30:.1f} GiB are available: at most {batch_kv} sequences fit; "
-                "lower the batch, raise tp or use fp8 KV")
+                "lower --batch, raise --tp or use --kv-cache-dtype fp8")
         batch = d.batch
     else:
         batch = min(d.max_num_seqs, batch_kv)
@@ -416,7 +417,7 @@ def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float
         raise DoesNotFitError(
             f"batch {batch} at {context_tokens:.0f} tokens of context needs {batch * per_seq / 2**30:.1f} GiB of KV "
             f"cache per GPU, but {budget / 2**30:.1f} GiB are available ({per_seq / 2**20:.1f} MiB per sequence): "
-            f"at most {limit} sequences fit; lower --batch or --context, raise --tp, or use fp8 KV")
+            f"at most {limit} sequences fit; lower --batch or --context, raise --tp, or use --kv-cache-dtype fp8")
     return limit
 
 
