@@ -369,3 +369,19 @@ def test_cpu_tiny_gemma3_fixture_by_hand():
     assert log.padding_warnings == ((2, round(2 / 7 * 100, 2)),)
     assert log.kv_cache_tokens == int(5461 / 37 * 2048)
     assert log.max_concurrency == round(5461 / 37, 2)
+
+
+@pytest.mark.parametrize("name", ["comparison_case", "threshold_case"])
+def test_usable_blocks_leave_out_the_null_block_as_the_recorded_engine_did(name):
+    from servebook.kv_cache import usable_kv_blocks
+    from servebook.simulator.engine_trace import recorded_engine_traces
+
+    case, engine = recorded_engine_traces()[name]
+    # The traces were recorded with num_gpu_blocks_override = num_blocks + 1. After the first step
+    # every scheduled request (all new, nothing cached yet) holds cdiv(tokens, block_size) blocks;
+    # vLLM's free count is what is left of the usable blocks.
+    first = engine["steps"][0]
+    held = sum(-(-t // case.config.block_size) for t in first["tokens"].values())
+    assert usable_kv_blocks(case.config.num_blocks + 1) - held == first["free_blocks"]
+    with pytest.raises(ServebookError, match="null block"):
+        usable_kv_blocks(1)

@@ -92,3 +92,15 @@ def test_does_not_fit_hints_name_flags_the_command_has(capsys, argv, hint):
     assert hint in err and "Traceback" not in err
     named = set(re.findall(r"--[a-z][a-z-]*", err))
     assert named and named <= _options(argv[0]), f"{argv[0]} has no {sorted(named - _options(argv[0]))}"
+
+
+def test_perf_simulate_and_slo_sizing_leave_out_the_null_block(capsys):
+    from servebook.commands.plan import make_plan
+    from servebook.simulator.sizing import _replica_setup
+
+    # Both size the simulated pool from plan's num_gpu_blocks; vLLM hands out all but one (the null block).
+    blocks = make_plan("llama-3.1-8b", gpu="h200", max_model_len=2048, block_size=16).capacity.num_gpu_blocks
+    assert main(["simulate", "--requests", "2", "--config", "llama-3.1-8b", "--gpu", "h200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["num_blocks"] == blocks - 1
+    config, _, _ = _replica_setup("llama-3.1-8b", "h200", 1, 2048, "auto")
+    assert config.num_blocks == blocks - 1

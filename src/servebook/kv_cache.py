@@ -541,6 +541,23 @@ class Capacity:
         return self.num_gpu_blocks * self.layout.bytes_per_block
 
 
+#: Blocks of the pool no request ever holds: ``BlockPool.__init__`` takes the first free block
+#: as its ``null_block`` (``v1/core/block_pool.py``).
+NULL_BLOCKS = 1
+
+
+def usable_kv_blocks(num_gpu_blocks: int) -> int:
+    """Blocks requests can hold out of the engine's ``num_gpu_blocks``: all but the null block.
+
+    The scheduler simulator's ``num_blocks``; a pool of ``n`` usable blocks is
+    ``num_gpu_blocks = n + NULL_BLOCKS``.
+    """
+    if not isinstance(num_gpu_blocks, int) or num_gpu_blocks <= NULL_BLOCKS:
+        raise ServebookError(f"num_gpu_blocks {num_gpu_blocks!r} leaves no block for requests after vLLM's "
+                             f"null block; use at least {NULL_BLOCKS + 1}")
+    return num_gpu_blocks - NULL_BLOCKS
+
+
 def min_kv_bytes_for_one_request(layout: KVCacheLayout, max_model_len: int, in_flight_tokens: int) -> int:
     """KV bytes per GPU needed to admit one request of ``max_model_len`` tokens.
 

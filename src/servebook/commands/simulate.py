@@ -86,12 +86,13 @@ def run(args) -> int:
         num_blocks = 4096
         if isinstance(step_model, PerfStepTime):
             from servebook.commands.plan import make_plan
+            from servebook.kv_cache import usable_kv_blocks
 
             plan = make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
                              kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                              max_num_batched_tokens=args.max_num_batched_tokens,
                              gpu_memory_utilization=args.gpu_memory_utilization)
-            num_blocks = plan.capacity.num_gpu_blocks - 1  # vLLM keeps one null block
+            num_blocks = usable_kv_blocks(plan.capacity.num_gpu_blocks)
             step_note += f"; {num_blocks} KV blocks from the memory model"
     config = SchedulerConfig(
         num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
