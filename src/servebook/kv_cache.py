@@ -558,6 +558,20 @@ def usable_kv_blocks(num_gpu_blocks: int) -> int:
     return num_gpu_blocks - NULL_BLOCKS
 
 
+def requests_that_fit(blocks: int, tokens_per_request: int, block_size: int) -> int:
+    """Requests of ``tokens_per_request`` tokens whose blocks are all resident in ``blocks`` at once.
+
+    Each holds ``cdiv(tokens_per_request, block_size)`` blocks (a partly filled last block is
+    still a whole block); ``blocks // that`` of them fit. Above this many running requests a
+    full-attention pool must preempt before they all finish.
+    """
+    for name, value in (("blocks", blocks), ("tokens_per_request", tokens_per_request), ("block_size", block_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ServebookError(f"{name} {value!r} is not allowed; blocks, tokens per request and block size "
+                                 "must be integers >= 1")
+    return blocks // _cdiv(tokens_per_request, block_size)
+
+
 def min_kv_bytes_for_one_request(layout: KVCacheLayout, max_model_len: int, in_flight_tokens: int) -> int:
     """KV bytes per GPU needed to admit one request of ``max_model_len`` tokens.
 

@@ -160,10 +160,11 @@ def static_batch_useful_pct(output_tokens: list[int]) -> float:
 
 
 def requests_that_fit(num_blocks: int, block_size: int, tokens_per_request: int) -> float:
-    """Requests whose every block is resident at once: blocks // blocks per request (requests)."""
-    if min(num_blocks, block_size, tokens_per_request) < 1:
-        raise ServebookError("blocks, block size and tokens per request must be >= 1")
-    return num_blocks // -(-tokens_per_request // block_size)
+    """Requests whose every block is resident at once: blocks // blocks per request
+    (:func:`servebook.kv_cache.requests_that_fit`; requests)."""
+    from servebook.kv_cache import requests_that_fit as fit
+
+    return float(fit(int(num_blocks), int(tokens_per_request), int(block_size)))
 
 
 def prefix_cached_tokens(shared_prefix_tokens: int, block_size: int = 16) -> float:
