@@ -18,6 +18,7 @@ from servebook.cli import main as cli_main
 from servebook.drills import (KINDS, SECTIONS, DrillError, check_answer, get_drill, load_drills, parse_number,
                               question_html, render_html, render_markdown, render_section)
 from servebook.drills import calls
+from servebook.errors import ServebookError
 
 ROOT = Path(__file__).resolve().parents[1]
 DRILLS = load_drills()
@@ -316,6 +317,31 @@ def test_lab_preemption_drill_shows_and_answers_from_the_recorded_h200_run():
         assert log_lines and all(x in points[n]["log"].splitlines() for x in log_lines)
     md = render_markdown(d)
     assert "vLLM 0.26.0" in md and lines[0] in md
+
+
+def test_a_missing_lab_field_names_the_file_the_dotted_field_and_the_fields_there():
+    from servebook.drills import Exhibit
+
+    m = json.loads(LAB3.read_text())["measurements"]
+    name = "labs/results/labs/l3_preemption_gpu.json"
+    with pytest.raises(ServebookError) as err:
+        calls.lab_value("l3_preemption_gpu", "workload.input_tokens")
+    msg = str(err.value)
+    assert msg.startswith(f"{name} has no field measurements.workload.input_tokens:")
+    assert "no 'input_tokens'" in msg and all(key in msg for key in m["workload"])
+    # A point is named by its place in measurements.points; a number has no fields below it.
+    index = [pt["max_num_seqs"] for pt in m["points"]].index(48)
+    with pytest.raises(ServebookError, match=re.escape(
+            f"{name} has no field measurements.points[{index}].bench.summary.p99_itl_s:")) as err:
+        calls.lab_point_value("l3_preemption_gpu", "max_num_seqs", 48, "bench.summary.p99_itl_s")
+    assert all(key in str(err.value) for key in m["points"][index]["bench"]["summary"])
+    with pytest.raises(ServebookError, match=r"measurements\.block_size is \d+, not an object"):
+        calls.lab_value("l3_preemption_gpu", "block_size.tokens")
+    shown = Exhibit(source="lab", name="l3_preemption_gpu", points={"max_num_seqs": [48]}, fields=("bench.p99",))
+    with pytest.raises(DrillError, match=re.escape(
+            f"exhibit {name} has no field measurements.points[{index}].bench.p99: measurements.points[{index}].bench "
+            "has no 'p99'; its fields are")):
+        shown.lines()
 
 
 SLO_DRILLS = ("slo-tp-or-replicas", "slo-moe-or-dense", "slo-gpu-choice")

@@ -369,3 +369,40 @@ def test_cpu_tiny_gemma3_fixture_by_hand():
     assert log.padding_warnings == ((2, round(2 / 7 * 100, 2)),)
     assert log.kv_cache_tokens == int(5461 / 37 * 2048)
     assert log.max_concurrency == round(5461 / 37, 2)
+
+
+@pytest.mark.parametrize("name", ["comparison_case", "threshold_case"])
+def test_usable_blocks_leave_out_the_null_block_as_the_recorded_engine_did(name):
+    from servebook.kv_cache import usable_kv_blocks
+    from servebook.simulator.engine_trace import recorded_engine_traces
+
+    case, engine = recorded_engine_traces()[name]
+    # The traces were recorded with num_gpu_blocks_override = num_blocks + 1. After the first step
+    # every scheduled request (all new, nothing cached yet) holds cdiv(tokens, block_size) blocks;
+    # vLLM's free count is what is left of the usable blocks.
+    first = engine["steps"][0]
+    held = sum(-(-t // case.config.block_size) for t in first["tokens"].values())
+    assert usable_kv_blocks(case.config.num_blocks + 1) - held == first["free_blocks"]
+    with pytest.raises(ServebookError, match="null block"):
+        usable_kv_blocks(1)
+
+
+def test_requests_that_fit_count_whole_blocks():
+    from servebook.kv_cache import requests_that_fit
+
+    # Lab 3's pool: 2,048 blocks of 16 tokens; 512 + 128 tokens are exactly 40 blocks, so 51 requests
+    # (2,040 blocks) fit and a 52nd would need 2,080. One token more makes 41 blocks: 49 fit.
+    assert requests_that_fit(2048, 640, 16) == 51
+    assert requests_that_fit(2048, 641, 16) == 49
+    # The knee the lab recorded on the H200 (measurements.predicted_knee), from its own workload.
+    import json
+    from pathlib import Path
+
+    m = json.loads((Path(__file__).resolve().parents[1] / "labs/results/labs/l3_preemption_gpu.json").read_text())
+    w = m["measurements"]["workload"]
+    assert requests_that_fit(w["num_gpu_blocks_override"], w["input_len"] + w["output_len"],
+                             m["measurements"]["block_size"]) == m["measurements"]["predicted_knee"]
+    assert requests_that_fit(3, 1, 16) == 3 and requests_that_fit(3, 49, 16) == 0
+    for bad in ((0, 640, 16), (2048, 0, 16), (2048, 640, 0), (2048.0, 640, 16)):
+        with pytest.raises(ServebookError, match="integers >= 1"):
+            requests_that_fit(*bad)

@@ -114,7 +114,7 @@ def test_weights_that_do_not_fit_name_the_smallest_tp_that_does():
     # TP=2 leaves 75 GB = 69.8 GiB of weights + 1.1 GiB activation + 1.5 GiB non-torch + 0.3 GiB graphs > 72 GiB;
     # TP=4: 37.5 GB = 34.9 GiB of weights: fits.
     big = spec(layers=32, weight_bytes=150 * 10**9)
-    with pytest.raises(DoesNotFitError, match="--tensor-parallel-size 4"):
+    with pytest.raises(DoesNotFitError, match="--tp 4 "):
         memory_budget(big, gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.9,
                       max_num_batched_tokens=8192, max_num_seqs=256, coefficients=SIMPLE)
 

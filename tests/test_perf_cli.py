@@ -116,6 +116,25 @@ def test_step_admits_the_batch_plan_says_fits(calibration, capsys):
     assert f"at most {fits} sequences fit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model, gpu, context, seqs_per_gib", [
+    # Qwen3-32B: 256 KiB a token, so 1,024 tokens are 1/4 GiB; on an H200 vLLM's default
+    # max_num_seqs is 1024, whose sampler rows take more memory than 256 rows would.
+    ("qwen3-32b", "h200", 1024, 4),
+    # Llama-3.1-8B: 128 KiB a token, so 4,096 tokens are 1/2 GiB; an A100 gets vLLM's small-GPU
+    # defaults (2,048 batched tokens, 256 sequences), not an H200's 8,192 tokens.
+    ("llama-3.1-8b", "a100", 4096, 2),
+])
+def test_step_kv_check_uses_plans_vllm_defaults(calibration, capsys, model, gpu, context, seqs_per_gib):
+    # The KV check of `step` and the budget of `plan` must come from the same vLLM batch defaults
+    # for the GPU; with a fixed 256 sequences / 8,192 tokens `step` admitted 263 (H200) and
+    # allowed 114 (A100) sequences where plan's budget holds 262 and 116.
+    plan = _json(capsys, ["plan", "--config", model, "--gpu", gpu, "--json"])
+    fits = int(plan["available_kv_gib"] * seqs_per_gib)
+    step = _json(capsys, ["step", "--config", model, "--gpu", gpu, "--phase", "decode",
+                          "--batch", "1", "--context", str(context), "--json"])
+    assert step["kv_batch_limit"] == fits
+
+
 FLEET_JOB = ["fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--requests", "1000",
              "--input-tokens", "2000", "--output-tokens", "500"]
 

@@ -103,7 +103,7 @@ def test_table_shows_the_four_claims_and_the_flags(capsys):
 def test_model_that_does_not_fit_names_the_tp_to_use(capsys):
     err = plan_error(capsys, "--config", "llama-3.1-70b", "--gpu", "H100", "--max-model-len", "8192")
     # 70.6 B params x 2 bytes = 131 GiB > 80 GiB x 0.92; two H100s hold 65.7 GiB each.
-    assert "--tensor-parallel-size 2" in err and "Traceback" not in err
+    assert "--tp 2" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,8 @@
 """``servebook simulate``: runs, prints JSON, and refuses impossible settings with exit 2."""
 import json
+import re
+
+import pytest
 
 from servebook.cli import main
 
@@ -55,3 +58,49 @@ def test_simulate_reports_no_cut_when_lengths_fit(capsys):
     assert (t["requests"], t["prompts"], t["outputs"]) == (0, 0, 0) and t["longest_drawn_tokens"] < 100000
     assert main(argv) == 0
     assert "truncated" not in capsys.readouterr().out
+
+
+def _options(command: str) -> set[str]:
+    import argparse
+
+    from servebook.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return {o for a in sub.choices[command]._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("argv, hint", [
+    # 70B of bf16 weights (131 GiB) on one 80 GiB H100: two GPUs hold it.
+    (["simulate", "--requests", "5", "--config", "llama-3.1-70b", "--gpu", "h100"], "--tp 2"),
+    (["step", "--config", "llama-3.1-70b", "--gpu", "h100", "--phase", "decode", "--batch", "1", "--context", "100"],
+     "--tp 2"),
+    (["fleet", "--config", "llama-3.1-70b", "--gpu", "h100", "--gpus", "8", "--requests", "10", "--input-tokens", "100",
+      "--output-tokens", "10"], "--tp 2"),
+    (["plan", "--config", "llama-3.1-70b", "--gpu", "h100"], "--tp 2"),
+    (["fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "1", "--requests", "10", "--input-tokens", "1000",
+      "--output-tokens", "100", "--batch", "100000"], "lower --batch"),
+    # 40,900 tokens of Qwen3-32B's KV (256 KiB a token) take 10.0 GiB; an A100 has about 9 GiB left after the weights.
+    (["fleet", "--config", "qwen3-32b", "--gpu", "a100", "--gpus", "1", "--requests", "10", "--input-tokens", "40000",
+      "--output-tokens", "900"], "--kv-cache-dtype fp8"),
+    # Fits at TP 2 on A100s, but a 131,072-token request needs 20 GiB of KV cache a GPU: the KV hint.
+    (["simulate", "--requests", "5", "--config", "llama-3.1-70b", "--tp", "2", "--gpu", "a100",
+      "--max-model-len", "131072"], "--max-model-len"),
+])
+def test_does_not_fit_hints_name_flags_the_command_has(capsys, argv, hint):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert hint in err and "Traceback" not in err
+    named = set(re.findall(r"--[a-z][a-z-]*", err))
+    assert named and named <= _options(argv[0]), f"{argv[0]} has no {sorted(named - _options(argv[0]))}"
+
+
+def test_perf_simulate_and_slo_sizing_leave_out_the_null_block(capsys):
+    from servebook.commands.plan import make_plan
+    from servebook.simulator.sizing import _replica_setup
+
+    # Both size the simulated pool from plan's num_gpu_blocks; vLLM hands out all but one (the null block).
+    blocks = make_plan("llama-3.1-8b", gpu="h200", max_model_len=2048, block_size=16).capacity.num_gpu_blocks
+    assert main(["simulate", "--requests", "2", "--config", "llama-3.1-8b", "--gpu", "h200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["num_blocks"] == blocks - 1
+    config, _, _ = _replica_setup("llama-3.1-8b", "h200", 1, 2048, "auto")
+    assert config.num_blocks == blocks - 1

@@ -541,6 +541,37 @@ class Capacity:
         return self.num_gpu_blocks * self.layout.bytes_per_block
 
 
+#: Blocks of the pool no request ever holds: ``BlockPool.__init__`` takes the first free block
+#: as its ``null_block`` (``v1/core/block_pool.py``).
+NULL_BLOCKS = 1
+
+
+def usable_kv_blocks(num_gpu_blocks: int) -> int:
+    """Blocks requests can hold out of the engine's ``num_gpu_blocks``: all but the null block.
+
+    The scheduler simulator's ``num_blocks``; a pool of ``n`` usable blocks is
+    ``num_gpu_blocks = n + NULL_BLOCKS``.
+    """
+    if not isinstance(num_gpu_blocks, int) or num_gpu_blocks <= NULL_BLOCKS:
+        raise ServebookError(f"num_gpu_blocks {num_gpu_blocks!r} leaves no block for requests after vLLM's "
+                             f"null block; use at least {NULL_BLOCKS + 1}")
+    return num_gpu_blocks - NULL_BLOCKS
+
+
+def requests_that_fit(blocks: int, tokens_per_request: int, block_size: int) -> int:
+    """Requests of ``tokens_per_request`` tokens whose blocks are all resident in ``blocks`` at once.
+
+    Each holds ``cdiv(tokens_per_request, block_size)`` blocks (a partly filled last block is
+    still a whole block); ``blocks // that`` of them fit. Above this many running requests a
+    full-attention pool must preempt before they all finish.
+    """
+    for name, value in (("blocks", blocks), ("tokens_per_request", tokens_per_request), ("block_size", block_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ServebookError(f"{name} {value!r} is not allowed; blocks, tokens per request and block size "
+                                 "must be integers >= 1")
+    return blocks // _cdiv(tokens_per_request, block_size)
+
+
 def min_kv_bytes_for_one_request(layout: KVCacheLayout, max_model_len: int, in_flight_tokens: int) -> int:
     """KV bytes per GPU needed to admit one request of ``max_model_len`` tokens.
 
@@ -623,7 +654,7 @@ def capacity(
         raise DoesNotFitError(
             f"one request of {max_model_len} tokens needs {needed / 2**30:.2f} GiB of KV cache "
             f"per GPU but only {available / 2**30:.2f} GiB is available{hint}. Lower "
-            "--max-model-len, raise --gpu-memory-utilization, use fp8 KV cache or more GPUs (--tp)"
+            "--max-model-len, raise --gpu-memory-utilization, use --kv-cache-dtype fp8 or more GPUs (--tp)"
         )
     num_blocks = available // layout.bytes_per_block
     per_request = layout.blocks_per_request(max_model_len, in_flight)

@@ -518,7 +518,7 @@ def _does_not_fit_message(spec, total, u, tp, w, a, n, g, claims_for) -> str:
     best = smallest_tp_that_fits(spec, total, u, claims_for)
     span = " (more than one 8-GPU node)" if best is not None and best > 8 else ""
     advice = (
-        f"use --tensor-parallel-size {best}{span} (the smallest that leaves room for a KV cache)"
+        f"use --tp {best}{span} (the smallest tensor-parallel size that leaves room for a KV cache)"
         if best is not None
         else "no tensor-parallel size up to 64 fits: use a GPU with more memory or a quantized checkpoint"
     )

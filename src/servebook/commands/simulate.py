@@ -5,6 +5,7 @@ import json
 import math
 
 from servebook.errors import ServebookError
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearStepTime, SchedulerConfig, simulate,
                                  synthetic_workload_with_truncation)
 from servebook.simulator.step_time import PerfStepTime, perf_step_time_for
@@ -46,6 +47,9 @@ def register(sub) -> None:
     p.add_argument("--gpu", help="perf step model: GPU name from the catalogue (e.g. h200)")
     p.add_argument("--tp", type=int, default=1, help="perf step model: tensor-parallel size (default 1)")
     p.add_argument("--kv-cache-dtype", default="auto", help="perf step model: auto (model dtype) or fp8")
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help="perf step model: fraction of GPU memory vLLM may use, for the default --num-blocks "
+                        f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--calibration", help="perf step model: calibration record instead of the shipped one")
     p.add_argument("--json", action="store_true", help="print JSON (summary and config)")
     p.add_argument("--steps", action="store_true", help="with --json: include the per-step trace and per-request metrics")
@@ -82,11 +86,13 @@ def run(args) -> int:
         num_blocks = 4096
         if isinstance(step_model, PerfStepTime):
             from servebook.commands.plan import make_plan
+            from servebook.kv_cache import usable_kv_blocks
 
             plan = make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
                              kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
-                             max_num_batched_tokens=args.max_num_batched_tokens)
-            num_blocks = plan.capacity.num_gpu_blocks - 1  # vLLM keeps one null block
+                             max_num_batched_tokens=args.max_num_batched_tokens,
+                             gpu_memory_utilization=args.gpu_memory_utilization)
+            num_blocks = usable_kv_blocks(plan.capacity.num_gpu_blocks)
             step_note += f"; {num_blocks} KV blocks from the memory model"
     config = SchedulerConfig(
         num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,

@@ -149,7 +149,7 @@ class Exhibit:
         """Selected points of a lab result: each field as the JSON file writes it, then matching log lines."""
         import json
 
-        from servebook.drills.calls import value_at
+        from servebook.drills.calls import repo_relative, value_at
 
         points = json.loads(text).get("measurements", {}).get("points", [])
         chosen = [pt for pt in points if all(pt.get(k) in v for k, v in self.points.items())]
@@ -159,7 +159,8 @@ class Exhibit:
         out = []
         for pt in chosen:
             for path in self.fields:
-                value = value_at(pt, path, f"exhibit {self.path()}: a point", DrillError)
+                value = value_at(pt, path, f"exhibit {repo_relative(self.path())}",
+                                 f"measurements.points[{points.index(pt)}]", DrillError)
                 out.append(f'"{path.split(".")[-1]}": {json.dumps(value)}')
             if pattern is not None:
                 for line in re.sub(r"\x1b\[[0-9;]*m", "", pt.get("log", "")).splitlines():

@@ -160,10 +160,11 @@ def static_batch_useful_pct(output_tokens: list[int]) -> float:
 
 
 def requests_that_fit(num_blocks: int, block_size: int, tokens_per_request: int) -> float:
-    """Requests whose every block is resident at once: blocks // blocks per request (requests)."""
-    if min(num_blocks, block_size, tokens_per_request) < 1:
-        raise ServebookError("blocks, block size and tokens per request must be >= 1")
-    return num_blocks // -(-tokens_per_request // block_size)
+    """Requests whose every block is resident at once: blocks // blocks per request
+    (:func:`servebook.kv_cache.requests_that_fit`; requests)."""
+    from servebook.kv_cache import requests_that_fit as fit
+
+    return float(fit(int(num_blocks), int(tokens_per_request), int(block_size)))
 
 
 def prefix_cached_tokens(shared_prefix_tokens: int, block_size: int = 16) -> float:
@@ -529,21 +530,39 @@ def slo_gpu_price_index(**kw) -> float:
 # --------------------------------------------------------------------- recorded lab results (labs/results/labs)
 
 def _lab_measurements(lab: str) -> tuple[str, dict]:
-    """(file name, ``measurements``) of a recorded lab result, read and checked by
-    :func:`servebook.lab.recorded.load_recorded`; ``lab`` is the file stem (``l3_preemption_gpu``)."""
+    """(file path as the repository names it, ``measurements``) of a recorded lab result, read and
+    checked by :func:`servebook.lab.recorded.load_recorded`; ``lab`` is the file stem (``l3_preemption_gpu``)."""
     from servebook.lab.recorded import RECORDED_DIR, load_recorded
 
     path = RECORDED_DIR / f"{lab}.json"
-    return path.name, load_recorded(path)["measurements"]
+    return repo_relative(path), load_recorded(path)["measurements"]
 
 
-def value_at(value, field: str, where: str, error: type[ServebookError] = ServebookError):
-    """The value at dotted path ``field`` (``bench.summary.output_throughput``) inside nested dicts;
-    ``where`` names the container in the ``error`` raised when a key is missing."""
+def repo_relative(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it (as error messages name files)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def value_at(value, field: str, file: str, container: str, error: type[ServebookError] = ServebookError):
+    """The value at dotted path ``field`` (``bench.summary.output_throughput``) inside nested dicts.
+
+    ``file`` and ``container`` (the dotted path of ``value`` inside the file, e.g.
+    ``measurements`` or ``measurements.points[2]``) name where to look in the ``error`` raised
+    when a key is missing: it gives the full dotted field, the part that is absent and the
+    fields that part's parent does have.
+    """
+    at = container
     for key in field.split("."):
-        if not isinstance(value, dict) or key not in value:
-            raise error(f"{where} has no field {field!r}")
-        value = value[key]
+        if not isinstance(value, dict):
+            raise error(f"{file} has no field {container}.{field}: {at} is {json.dumps(value)[:40]}, "
+                        "not an object with fields")
+        if key not in value:
+            have = ", ".join(sorted(value)) or "no fields"
+            raise error(f"{file} has no field {container}.{field}: {at} has no {key!r}; its fields are {have}")
+        value, at = value[key], f"{at}.{key}"
     return value
 
 
@@ -557,13 +576,14 @@ def lab_point_value(lab: str, match_key: str, match, field: str) -> float:
     points = [pt for pt in measurements["points"] if pt.get(match_key) == match]
     if len(points) != 1:
         raise ServebookError(f"{name}: {len(points)} points have {match_key} = {match!r}; expected one")
-    return float(value_at(points[0], field, f"{name}: the point"))
+    index = measurements["points"].index(points[0])
+    return float(value_at(points[0], field, name, f"measurements.points[{index}]"))
 
 
 def lab_value(lab: str, field: str) -> float:
     """A number of a recorded lab result's ``measurements`` (dotted path, e.g. ``workload.input_len``)."""
     name, measurements = _lab_measurements(lab)
-    return float(value_at(measurements, field, f"{name}: measurements"))
+    return float(value_at(measurements, field, name, "measurements"))
 
 
 def lab_requests_that_fit(lab: str) -> float:

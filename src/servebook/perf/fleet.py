@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
@@ -174,7 +174,7 @@ class FleetPlan:
 
 
 def kv_budget_bytes_per_gpu(spec: ModelSpec, gpu, *, tp: int, gpu_memory_utilization: float,
-                            max_num_batched_tokens: int, max_num_seqs: int = 256) -> tuple[float, str]:
+                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[float, str]:
     """KV cache bytes per GPU (vLLM's start-up accounting, :func:`servebook.memory.memory_budget`) and its status.
 
     Raises:
@@ -258,7 +258,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     if kv_bytes_per_sequence(spec, longest, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
                              sliding_extra_tokens=d.max_num_batched_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
-                              f"{kv_budget / 2**30:.1f} GiB per GPU available; raise tp, use fp8 KV or cap lengths")
+                              f"{kv_budget / 2**30:.1f} GiB per GPU available; raise --tp, use --kv-cache-dtype fp8 "
+                              "or shorten the requests (--input-tokens, --output-tokens or their spread)")
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window: hold window + one block
     kv_hold = float(np.dot(weights, kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
@@ -269,7 +270,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
             raise DoesNotFitError(
                 f"batch {d.batch} needs {d.batch * kv_hold / 2**30:.1f} GiB of KV cache per GPU on average "
                 f"but {kv_budget / 2**30:.1f} GiB are available: at most {batch_kv} sequences fit; "
-                "lower the batch, raise tp or use fp8 KV")
+                "lower --batch, raise --tp or use --kv-cache-dtype fp8")
         batch = d.batch
     else:
         batch = min(d.max_num_seqs, batch_kv)
@@ -362,14 +363,31 @@ def draft_estimate(requests: int, input_tokens: int, output_tokens: int, *, acti
             "requests_per_s": requests / total}
 
 
+def serve_batch_defaults(spec: ModelSpec, gpu) -> tuple[int, int]:
+    """vLLM's ``vllm serve`` default ``(max_num_batched_tokens, max_num_seqs)`` for this model on ``gpu``.
+
+    The same call ``servebook plan`` makes (:func:`servebook.memory.vllm_batch_defaults`, with the
+    model's own context as ``max_model_len``, plan's default), so a KV check sized here and plan's
+    budget cannot disagree.
+    """
+    g = gpu_numbers(gpu)
+    return vllm_batch_defaults(int(g.memory_bytes), g.name, max_model_len=spec.max_position_embeddings or None)
+
+
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
-                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_num_batched_tokens: int = 8192,
-                       max_num_seqs: int = 256) -> tuple[int, float, float]:
+                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                       max_num_batched_tokens: int | None = None,
+                       max_num_seqs: int | None = None) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
     Per-sequence bytes round the context up to whole 16-token blocks; sliding
-    layers hold their window plus one block.
+    layers hold their window plus one block. ``max_num_batched_tokens`` and
+    ``max_num_seqs`` (which size the profiled activations) default to vLLM's
+    for the GPU (:func:`serve_batch_defaults`).
     """
+    default_tokens, default_seqs = serve_batch_defaults(spec, gpu)
+    max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     ctx = math.ceil(context_tokens / BLOCK_TOKENS) * BLOCK_TOKENS
@@ -382,12 +400,16 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
 
 def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float, tp: int = 1,
                       kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                      max_num_batched_tokens: int = 8192) -> int:
-    """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache."""
+                      max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int:
+    """Raise DoesNotFitError (with the bound) when ``batch`` sequences at this context exceed the KV cache.
+
+    ``max_num_batched_tokens`` / ``max_num_seqs``: None for vLLM's defaults on the GPU (:func:`decode_batch_limit`).
+    """
     limit, budget, per_seq = decode_batch_limit(spec, gpu, context_tokens=context_tokens, tp=tp,
                                                 kv_cache_dtype=kv_cache_dtype,
                                                 gpu_memory_utilization=gpu_memory_utilization,
-                                                max_num_batched_tokens=max_num_batched_tokens)
+                                                max_num_batched_tokens=max_num_batched_tokens,
+                                                max_num_seqs=max_num_seqs)
     if budget <= 0:
         raise DoesNotFitError(f"{spec.name} leaves no KV cache room on {gpu_numbers(gpu).name} at tp={tp} "
                               f"(weights {spec.weight_bytes / tp / 2**30:.1f} GiB per GPU); raise --tp")
@@ -395,7 +417,7 @@ def check_decode_fits(spec: ModelSpec, gpu, *, batch: int, context_tokens: float
         raise DoesNotFitError(
             f"batch {batch} at {context_tokens:.0f} tokens of context needs {batch * per_seq / 2**30:.1f} GiB of KV "
             f"cache per GPU, but {budget / 2**30:.1f} GiB are available ({per_seq / 2**20:.1f} MiB per sequence): "
-            f"at most {limit} sequences fit; lower --batch or --context, raise --tp, or use fp8 KV")
+            f"at most {limit} sequences fit; lower --batch or --context, raise --tp, or use --kv-cache-dtype fp8")
     return limit
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
+from servebook.kv_cache import NULL_BLOCKS
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.run import simulate
 from servebook.simulator.workload import RequestSpec
@@ -164,7 +165,7 @@ def run_engine(case: EngineCase) -> dict:
             model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
             seed=case.seed, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
-            num_gpu_blocks_override=cfg.num_blocks + 1,  # + vLLM's null block
+            num_gpu_blocks_override=cfg.num_blocks + NULL_BLOCKS,
             enable_prefix_caching=cfg.enable_prefix_caching,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,

@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from servebook.errors import ServebookError
+from servebook.kv_cache import usable_kv_blocks
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.run import simulate
 from servebook.simulator.workload import RequestSpec
@@ -100,7 +101,7 @@ def _replica_setup(model: str, gpu: str, tp: int, max_model_len: int, kv_cache_d
     step, where = perf_step_time_for(model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype,
                                      max_num_seqs=plan.default_max_num_seqs,
                                      max_num_batched_tokens=plan.max_num_batched_tokens)
-    config = SchedulerConfig(num_blocks=plan.capacity.num_gpu_blocks - 1, block_size=16,
+    config = SchedulerConfig(num_blocks=usable_kv_blocks(plan.capacity.num_gpu_blocks), block_size=16,
                              max_num_seqs=plan.default_max_num_seqs,
                              max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=max_model_len)
     return config, step, where
