@@ -113,7 +113,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                                    "num_key_value_heads": 2, "intermediate_size": 768}},
                "dtype": "bfloat16", "num_prompts": 64, "max_tokens": 128, "batch_sizes": [1, 8, 64],
                "ks": [2, 4], "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4,
-               "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 1,
+               "schedule": None, "max_model_len": 2048, "max_num_seqs": 64, "repeats": 2,
                "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False,
                # seconds kept, under a runner's deadline, for the cells after the engines
                "analysis_s": 20},

@@ -6,8 +6,8 @@ back). Child side: ``python -m servebook.lab.speculative_run JOBS.json OUT.json`
 
 A job is ``{"name", "engine_args", "prompts", "max_tokens", "batch_sizes", "repeats",
 "keep_outputs"}``: one ``LLM(**engine_args, disable_log_stats=False)``, then for each batch
-size ``b`` the first ``b`` prompts (token-id lists, or text) generated together (after one
-short warm-up at the largest batch), greedy (temperature 0,
+size ``b`` the first ``b`` prompts (token-id lists, or text) generated together (after a
+short warm-up at every batch size), greedy (temperature 0,
 ``ignore_eos``: every request makes exactly ``max_tokens`` tokens), ``repeats`` times
 (the fastest kept). Around each generate call the engine's own counters are read with
 ``LLM.get_metrics()`` (vLLM 0.27.1, ``vllm/v1/spec_decode/metrics.py``):
@@ -144,9 +144,10 @@ def run_job(job: dict) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True,
                             detokenize=False)
     prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in job["prompts"]]
-    # Warm-up at the largest batch (first-call costs stay out of the timed runs).
-    llm.generate(prompts[:max(job["batch_sizes"])], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-                 use_tqdm=False)
+    # Warm-up at every batch size: a first call at a new batch size can pay one-time costs (on the
+    # H200 a draft-model engine's first batch-1 call took ~1.3 s longer than its batch-8 call).
+    for b in job["batch_sizes"]:
+        llm.generate(prompts[:b], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     points = []
     try:
         for b in job["batch_sizes"]:
