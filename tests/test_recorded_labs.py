@@ -19,7 +19,8 @@ from servebook.lab import recorded as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "labs" / "results" / "labs"
-LABS = ["l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv"]
+LABS = ["l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv", "l5_chunked_prefill",
+        "l6_prefix_caching"]
 
 
 def raw(lab: str) -> dict:
@@ -137,10 +138,75 @@ def test_l4_ratios_recomputed(docs):
     assert rows[0]["preemptions"] > 0 and rows[1]["preemptions"] == 0
 
 
+
+# ---- L5 -------------------------------------------------------------------------------------
+
+def test_l5_table_recomputed_from_the_step_log_and_the_runs(docs):
+    m = docs["l5_chunked_prefill"]["measurements"]
+    w = m["workload"]
+    rows = {(r["chunking"], r["budget"]): r for r in R.l5_table(m)}
+    assert len(rows) == len(m["configs"]) == len(w["max_num_batched_tokens"]) + 1
+    for c in m["configs"]:
+        budget = c["max_num_batched_tokens"]
+        row = rows[("on" if c["chunked"] else "off", budget)]
+        # Steps: each chunked step gives the prompt what the decodes leave of the budget.
+        room = budget - w["decode_requests"] if c["chunked"] else w["long_prompt_tokens"]
+        assert row["steps engine"] == -(-w["long_prompt_tokens"] // room) == len(c["first_run"]["long_prompt_chunks"])
+        # Client times are the medians of the repeats (3 runs: the middle one).
+        ttfts = sorted(x["ttft_s"] for x in c["summaries"])
+        assert len(ttfts) == w["repeats"] == 3 and row["TTFT ms measured"] == pytest.approx(ttfts[1] * 1e3)
+        # Engine step while prefilling: the span of the chunk steps in the engine's own log.
+        times = [step["t"] for step in c["first_run"]["long_prompt_chunks"]]
+        if len(times) > 1:
+            assert row["step ms engine"] == pytest.approx((times[-1] - times[0]) / (len(times) - 1) * 1e3)
+            assert all(b > a for a, b in zip(times, times[1:]))
+        else:
+            assert row["step ms engine"] is None and not c["chunked"]
+
+
+def test_l5_chunking_cut_the_gap_and_the_knee_is_the_recorded_one(docs):
+    m = docs["l5_chunked_prefill"]["measurements"]
+    rows = R.l5_table(m)
+    off = next(r for r in rows if r["chunking"] == "off")
+    assert all(r["worst ITL ms measured"] < off["worst ITL ms measured"] / 4 for r in rows if r["chunking"] == "on")
+    assert m["measured_knee"] == 1024 and m["prediction"]["knee"] == 256 and m["complete"] and not m["skipped"]
+
+
+# ---- L6 -------------------------------------------------------------------------------------
+
+def test_l6_tables_recomputed_from_the_counters(docs):
+    m = docs["l6_prefix_caching"]["measurements"]
+    serving = R.l6_serving_table(m)
+    assert len(serving) == 2 * len(m["predicted"])
+    for r in serving:
+        counters = m["engines"][r["caching"]]["workloads"][r["workload"]]
+        if r["caching"] == "off":
+            assert counters["queries"] == counters["hits"] == 0 and r["hit rate"] is None
+        else:
+            assert r["hit rate"] == counters["hits"] / counters["queries"]
+            assert r["predicted hit rate"] == m["predicted"][r["workload"]]["hit_rate"]
+    offline = {r["order"]: r for r in R.l6_offline_table(m)}
+    for order, r in offline.items():
+        o = m["engines"]["on"]["offline"][order]
+        assert r["hit rate"] == o["hits"] / o["queries"] and r["wall s"] == o["wall_s"]
+    assert offline["grouped"]["hit rate"] > offline["shuffled"]["hit rate"]
+
+
+def test_l6_system_workload_hits_by_hand(docs):
+    m = docs["l6_prefix_caching"]["measurements"]
+    w, bs = m["workloads"]["system"], m["block_size"]
+    on = m["engines"]["on"]["workloads"]["system"]
+    prompt = w["system_prompt_tokens"] + w["suffix_tokens"]
+    # Queried: every prompt whole. Hit: all requests but those admitted before the prefix was cached
+    # reuse the system prompt's full blocks; here 2048 = 128 blocks of 16, and all but the first hit.
+    assert on["queries"] == w["num_requests"] * prompt
+    assert on["hits"] == (w["num_requests"] - 1) * (w["system_prompt_tokens"] // bs * bs)
+
 # ---- plots ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("lab,plot", [("l1_memory_budget", "l1"), ("l2_paged_continuous", "l2"),
-                                      ("l3_preemption", "l3"), ("l4_fp8_kv", "l4")])
+                                      ("l3_preemption", "l3"), ("l4_fp8_kv", "l4"),
+                                      ("l5_chunked_prefill", "l5"), ("l6_prefix_caching", "l6")])
 def test_plots_label_every_axis_with_units(docs, lab, plot):
     import matplotlib.pyplot as plt
 
@@ -150,7 +216,8 @@ def test_plots_label_every_axis_with_units(docs, lab, plot):
     try:
         for ax in fig.axes:
             assert ax.get_ylabel(), (plot, ax)
-            assert any(u in ax.get_ylabel() for u in ("tokens", "count", "share", "/s")), ax.get_ylabel()
+            assert any(u in ax.get_ylabel() for u in ("tokens", "count", "share", "/s", ", ms", ", s")), \
+                ax.get_ylabel()
         # Every panel (a twin y axis shares its panel's position) has a labelled x axis.
         panels: dict = {}
         for ax in fig.axes:
@@ -247,3 +314,23 @@ def test_lab_notes_headline_numbers_match_the_files():
     assert f"fp8 held {e['fp8']['kv_cache_tokens'] / e['auto']['kv_cache_tokens']:.2f}x the tokens" in note
     assert (f"preempted {e['auto']['preemptions']:.0f} times, the fp8 one {e['fp8']['preemptions']:.0f}, "
             f"and fp8 served {tput['fp8'] / tput['auto']:.2f}x") in note
+    m5 = raw("l5_chunked_prefill")["measurements"]
+    r5 = {(r["chunking"], r["budget"]): r for r in R.l5_table(m5)}
+    note = _note("l5_chunked_prefill")
+    assert (f"gave one {r5[('off', 8192)]['worst ITL ms measured']:.0f} ms gap with chunking off and "
+            f"{r5[('on', 1024)]['worst ITL ms measured']:.1f} ms at a budget of 1,024") in note
+    assert (f"at 128 a chunked step took {r5[('on', 128)]['step ms engine']:.1f} ms in the engine's log against "
+            f"{r5[('on', 128)]['step ms predicted']:.1f} ms predicted (measured knee: {m5['measured_knee']:,}; "
+            f"predicted: {m5['prediction']['knee']})") in note
+    w5 = m5["workload"]
+    assert f"an {w5['long_prompt_tokens']:,}-token prompt among {w5['decode_requests']} decodes" in note
+    m6 = raw("l6_prefix_caching")["measurements"]
+    s6 = {(r["workload"], r["caching"]): r for r in R.l6_serving_table(m6)}
+    o6 = {r["order"]: r for r in R.l6_offline_table(m6)}
+    note = _note("l6_prefix_caching")
+    assert f"hit rate {s6[('system', 'on')]['hit rate']:.3f} for the shared system prompt" in note
+    assert (f"caching cut the mean TTFT {s6[('system', 'off')]['mean TTFT ms'] / s6[('system', 'on')]['mean TTFT ms']:.1f}x"
+            f" and raised output throughput "
+            f"{s6[('system', 'on')]['output tok/s'] / s6[('system', 'off')]['output tok/s']:.1f}x") in note
+    assert (f"grouped by prefix hit {o6['grouped']['hit rate']:.3f} and shuffled {o6['shuffled']['hit rate']:.3f} "
+            f"(predicted {o6['shuffled']['predicted (this pool)']:.3f})") in note

@@ -7,9 +7,13 @@ same table from one code path.
 
 * :func:`load_recorded` — one result file, schema and provenance checked.
 * :func:`provenance` — the header a page prints: GPU, driver, vLLM version, date, model shape.
-* ``l1_table`` / ``l2_summary`` / ``l3_table`` / ``l4_table`` — the labs' comparison tables
-  (lists of dicts, for :func:`servebook.lab.side_by_side` or pandas).
-* ``plot_l1`` ... ``plot_l4`` — matplotlib figures of the same numbers, axes labelled with units.
+* ``l1_table`` / ``l2_summary`` / ``l3_table`` / ``l4_table`` / ``l5_table`` / ``l6_serving_table`` /
+  ``l6_offline_table`` — the labs' comparison tables (lists of dicts, for
+  :func:`servebook.lab.side_by_side` or pandas).
+* ``plot_l1`` ... ``plot_l6`` — matplotlib figures of the same numbers, axes labelled with units.
+
+Labs 5 and 6 print their own tables while they run; the functions for them here read what the
+labs saved (predictions beside measurements) for the book.
 
 Throughputs are output tokens per second, latencies seconds unless the key says ``_ms``.
 """
@@ -29,7 +33,8 @@ from servebook.lab.table import ratio
 #: Where the GPU runs are committed (``labs/results/labs/<lab>_gpu.json``).
 RECORDED_DIR = REPO_ROOT / "labs" / "results" / "labs"
 #: The labs this module summarises, by the ``lab`` field of their result files.
-LABS = ("l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv")
+LABS = ("l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv", "l5_chunked_prefill",
+        "l6_prefix_caching")
 _GPU_FIELDS = ("name", "count", "driver")
 
 
@@ -183,10 +188,12 @@ def preemption_knee(num_blocks: int, input_len: int, output_len: int, block_size
     """(blocks one finished request holds, the max-num-seqs above which the pool must preempt).
 
     A request of ``input_len + output_len`` tokens ends holding ``ceil(tokens / block_size)``
-    blocks; ``num_blocks // that`` requests fit in the pool together.
+    blocks; :func:`servebook.kv_cache.requests_that_fit` of them fit in the pool together.
     """
-    blocks_per_request = math.ceil((input_len + output_len) / block_size)
-    return blocks_per_request, num_blocks // blocks_per_request
+    from servebook.kv_cache import requests_that_fit
+
+    tokens = input_len + output_len
+    return math.ceil(tokens / block_size), requests_that_fit(num_blocks, tokens, block_size)
 
 
 def l3_table(points: list[dict]) -> list[dict]:
@@ -222,6 +229,83 @@ def l4_ratios(kv_dtypes: list[str], engines: dict) -> tuple[float, float]:
     base, other = engines[kv_dtypes[0]], engines[kv_dtypes[1]]
     return (other["kv_cache_tokens"] / base["kv_cache_tokens"],
             other["bench"]["summary"]["output_throughput"] / base["bench"]["summary"]["output_throughput"])
+
+
+# ---- L5: chunked prefill ----------------------------------------------------------------------
+
+def _config_key(c: dict) -> tuple[bool, int]:
+    return bool(c["chunked"]), int(c["max_num_batched_tokens"])
+
+
+def l5_chunk_step_s(config: dict) -> float | None:
+    """Mean engine seconds per step while the long prompt was prefilled (first run of a config).
+
+    From the engine's own step log (``servebook.lab.step_recorder``): the time between the
+    first and the last step that carried a chunk of the prompt, over the steps in between.
+    None when the prompt went in one step (chunking off).
+    """
+    chunks = config["first_run"]["long_prompt_chunks"]
+    if len(chunks) < 2:
+        return None
+    return (chunks[-1]["t"] - chunks[0]["t"]) / (len(chunks) - 1)
+
+
+def l5_table(measurements: dict) -> list[dict]:
+    """Lab 5: per configuration, the prediction beside the measurement.
+
+    Times in ms. TTFT and worst ITL are the medians over the lab's repeats as its streaming
+    clients saw them; "step ms" is the mean step while the prompt was prefilled: predicted =
+    predicted TTFT / predicted steps, engine = :func:`l5_chunk_step_s`.
+    """
+    predicted = {_config_key(p): p for p in measurements["prediction"]["configs"]}
+    rows = []
+    for m in measurements["configs"]:
+        p = predicted[_config_key(m)]
+        step = l5_chunk_step_s(m)
+        rows.append({
+            "chunking": "on" if m["chunked"] else "off", "budget": m["max_num_batched_tokens"],
+            "steps predicted": p["steps"], "steps engine": m["steps"],
+            "TTFT ms predicted": p["ttft_s"] * 1e3, "TTFT ms measured": m["ttft_s"] * 1e3,
+            "worst ITL ms predicted": p["worst_itl_s"] * 1e3, "worst ITL ms measured": m["worst_itl_s"] * 1e3,
+            "step ms predicted": p["ttft_s"] / p["steps"] * 1e3 if step is not None else None,
+            "step ms engine": step * 1e3 if step is not None else None,
+        })
+    return rows
+
+
+# ---- L6: prefix caching -----------------------------------------------------------------------
+
+def l6_serving_table(measurements: dict) -> list[dict]:
+    """Lab 6 serving workloads: engine counters against the prediction, TTFT and throughput.
+
+    One row per workload and caching setting; hit rate = ``vllm:prefix_cache_hits`` over
+    ``vllm:prefix_cache_queries`` (deltas over the workload), None when nothing was queried.
+    """
+    rows = []
+    for name, pred in measurements["predicted"].items():
+        for caching in ("on", "off"):
+            r = measurements["engines"][caching]["workloads"][name]
+            s = r["summary"]
+            rows.append({"workload": name, "caching": caching, "queried tokens": r["queries"],
+                         "hit tokens": r["hits"],
+                         "hit rate": r["hits"] / r["queries"] if r["queries"] else None,
+                         "predicted hit rate": pred["hit_rate"] if caching == "on" else 0.0,
+                         "mean TTFT ms": s["mean_ttft_ms"], "p99 TTFT ms": s["p99_ttft_ms"],
+                         "output tok/s": s["output_throughput"]})
+    return rows
+
+
+def l6_offline_table(measurements: dict) -> list[dict]:
+    """Lab 6 offline batch (caching on): hit rate by submission order against both predictions."""
+    rows = []
+    for order, r in measurements["engines"]["on"]["offline"].items():
+        pred = measurements["offline_predicted"][order]
+        rows.append({"order": order, "queried tokens": r["queries"], "hit tokens": r["hits"],
+                     "hit rate": r["hits"] / r["queries"] if r["queries"] else None,
+                     "predicted (this pool)": pred["pool"]["hit_rate"],
+                     "predicted (unlimited cache)": pred["unlimited"]["hit_rate"],
+                     "wall s": r["wall_s"], "requests": r["requests"]})
+    return rows
 
 
 # ---- plots -------------------------------------------------------------------------------------
@@ -320,5 +404,61 @@ def plot_l4(measurements: dict, doc: dict | None = None):
     b.set_xlabel("--kv-cache-dtype")
     b.set_ylabel("output throughput, tokens/s")
     fig.suptitle(_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_l5(measurements: dict, doc: dict | None = None):
+    """TTFT against worst ITL per budget, measured and predicted (left); mean prefill step (right)."""
+    import matplotlib.pyplot as plt
+
+    rows = l5_table(measurements)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    a.plot([r["TTFT ms predicted"] for r in rows], [r["worst ITL ms predicted"] for r in rows], "x--",
+           color="grey", label="predicted (calibrated step model)")
+    a.plot([r["TTFT ms measured"] for r in rows], [r["worst ITL ms measured"] for r in rows], "o",
+           color="C0", label="measured (clients, median of repeats)")
+    for r in rows:
+        a.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else " (off)"),
+                   (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points",
+                   xytext=(4, 4), fontsize=8)
+    a.set_xlabel("long prompt's TTFT, ms")
+    a.set_ylabel("decodes' worst inter-token gap, ms")
+    a.legend(fontsize=7)
+    chunked = [r for r in rows if r["step ms engine"] is not None]
+    xs = range(len(chunked))
+    b.bar([x - 0.2 for x in xs], [r["step ms predicted"] for r in chunked], 0.4, color="grey", label="predicted")
+    b.bar([x + 0.2 for x in xs], [r["step ms engine"] for r in chunked], 0.4, color="C0", label="engine step log")
+    b.set_xticks(list(xs), [f"{r['budget']:,}" for r in chunked])
+    b.set_xlabel("--max-num-batched-tokens (chunking on)")
+    b.set_ylabel("mean step while prefilling, ms")
+    b.legend(fontsize=7)
+    fig.suptitle(_title(doc, "Chunked prefill: TTFT vs ITL, and the price of a chunked step"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_l6(measurements: dict, doc: dict | None = None):
+    """Mean TTFT and output throughput with caching on/off (serving), and offline wall time by order."""
+    import matplotlib.pyplot as plt
+
+    serving = l6_serving_table(measurements)
+    names = list(measurements["predicted"])
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(11, 3.4))
+    for k, caching in enumerate(("off", "on")):
+        rows = [next(r for r in serving if r["workload"] == n and r["caching"] == caching) for n in names]
+        xs = [i + 0.4 * k for i in range(len(names))]
+        a.bar(xs, [r["mean TTFT ms"] for r in rows], 0.4, label=f"caching {caching}")
+        b.bar(xs, [r["output tok/s"] for r in rows], 0.4, label=f"caching {caching}")
+    for ax, label in ((a, "mean TTFT, ms"), (b, "output throughput, tokens/s")):
+        ax.set_xticks([i + 0.2 for i in range(len(names))], names)
+        ax.set_xlabel("serving workload")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    offline = l6_offline_table(measurements)
+    c.bar([r["order"] for r in offline], [r["wall s"] for r in offline], color="C2")
+    c.set_xlabel("offline batch order (caching on)")
+    c.set_ylabel("wall time, s")
+    fig.suptitle(_title(doc, "Prefix caching: serving with it on and off; offline order"), fontsize=9)
     fig.tight_layout()
     return fig
