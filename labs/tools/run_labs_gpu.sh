@@ -59,8 +59,7 @@ declare -A L9_MODEL=([l9-dense]=qwen3-32b [l9-moe]=qwen3-30b-a3b)
 plan() {
   cat <<'PLAN'
 On one H200 with vLLM 0.26.0, Llama-3.1-8B shapes, random weights; every lab is capped at 570 s.
-l1-l4: device time of each lab's `run` call measured on 2026-11-30 (vLLM already installed);
-l5-l7: estimates from the recorded 20-90 s engine starts, not yet measured:
+Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already installed):
   l1 memory budget   4 LLM() starts with CUDA graphs (8192/0.9/auto, 32768/0.9/auto,
                      8192/0.5/auto, 8192/0.9/fp8) + 1 refused start   292 s measured
   l2 paged vs static 1 vllm serve (graphs) + bench 256 prompts (512 in/256 out, +-90%)
@@ -69,17 +68,17 @@ l5-l7: estimates from the recorded 20-90 s engine starts, not yet measured:
                      bench 512 prompts (512 in/128 out) at each        435 s measured
   l4 fp8 KV          2 vllm serve (graphs, utilisation 0.25), auto vs fp8,
                      bench 512 prompts (1024 in/256 out) each          442 s measured
-  l5 chunked prefill 4 vllm serve (graphs), budgets 128/256/1024 + chunking off,
-                     32 decodes + one 8000-token prompt, 3 repeats each  ~5-7 min (unmeasured)
+  l5 chunked prefill 4 vllm serve (graphs), chunking off + budgets 1024/256/128,
+                     32 decodes + one 8000-token prompt, 3 repeats each  340 s measured
   l6 prefix caching  2 vllm serve (graphs), 20,000-block pool, 128 + 96 token-id
-                     requests each, offline 192 requests in two orders   ~5-6 min (unmeasured)
-  l7 speculative     train a 63M target / 6M draft pair (~1-2 min), then 5 LLM()
-                     with CUDA graphs: n-gram, draft, untrained draft, schedule ~7-9 min (unmeasured)
-  total device time for l1-l4: 1,522 s (25.4 min) measured, plus ~3 min install
-  (shared/gpu/README.md): most of one 30-minute session. The pre-run estimates were low for l3
-  and l4 (4-5 and 3.5-4.5 min). l5-l7 add about 17-22 min (unmeasured; expect more): they need
-  a session of their own.
-  Lab 8 runs with `python -m servebook.batch.tactics --profile gpu`.
+                     requests each, offline 192 requests in two orders   250 s measured
+  l7 speculative     train a 63M target / 6M draft pair (~50 s), then 5 LLM()
+                     with CUDA graphs: baseline, n-gram, draft k=2/4, schedule,
+                     2 repeats per batch size   350 s measured (the 5th engine cut by the deadline)
+  l8 batch tactics   1 vllm serve + 1 LLM(), 1000 requests, six cases   312 s measured
+  The install (shared/gpu/README.md) took 38-41 s of a call plus the machine's start; l1-l4 fill
+  most of one 30-minute session, l5-l8 another. Labs 5-7 read SERVEBOOK_LAB_DEADLINE (set below)
+  and save after every engine, so a lab cut by its cap still returns what it measured.
 
 Lab 9 needs 2x H200 (NVLink; kind nvidia-h200-x2), vLLM 0.26.0, random weights, CUDA graphs; per
 configuration an engine start (20-90 s; the DP replicas start together and reuse TP=1's compile
