@@ -178,6 +178,8 @@ def test_lab_note_names_the_recorded_run_and_its_numbers():
     assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
     assert "the book describes 0.27.1" in note
     assert "<recorded_results>" in note and RECORDED.name in note
+    assert doc["profile_settings"]["repeats"] == 1 and all(len(c["runs"]) == 1 for c in doc["cases"])
+    assert "one run per case" in note
     tps = {c["name"]: min(r["output_tokens"] / r["wall_s"] for r in c["runs"]) for c in doc["cases"]}
     lo, hi = min(tps, key=tps.get), max(tps, key=tps.get)
     assert f"from {tps[lo]:,.0f} output tokens/s ({lo}) to {tps[hi]:,.0f} ({hi})" in note
@@ -256,3 +258,25 @@ def test_cli_prints_the_hint_last_and_exits_1(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "No module named 'vllm'" in err and err.rstrip().endswith("Hint: prepend to it")
     assert not (tmp_path / "x.json").exists()
+
+
+# ---- the GPU runner's l8 target (labs/tools/run_labs_gpu.sh), with a fake interpreter ------------
+
+def test_runner_l8_target_runs_the_notebook_with_results_in_out(tmp_path):
+    """`run_labs_gpu.sh l8` runs the L8 notebook, points SERVEBOOK_LAB_RESULTS_DIR at $OUT and keeps
+    the caller's PYTHONPATH after the repository's src (replacing it hid vLLM from `vllm serve`)."""
+    import subprocess
+
+    out = tmp_path / "out"
+    fake = _fake_python(tmp_path, 'echo "$@" > "$SERVEBOOK_LAB_RESULTS_DIR/argv"; '
+                                  'echo "$PYTHONPATH" > "$SERVEBOOK_LAB_RESULTS_DIR/pythonpath"; '
+                                  'echo "{}" > "$SERVEBOOK_LAB_RESULTS_DIR/l8-gpu-fake-vllm0-2026-01-01.json"')
+    env = {"PATH": os.environ["PATH"], "OUT": str(out), "PY": str(fake), "PYTHONPATH": "/opt/vllm-site"}
+    proc = subprocess.run(["bash", str(ROOT / "labs" / "tools" / "run_labs_gpu.sh"), "l8"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "argv").read_text().split() == ["-m", "servebook.lab.run_notebook",
+                                                  str(ROOT / "labs" / "l8_batch_tactics.md")]
+    assert (out / "pythonpath").read_text().strip() == f"{ROOT / 'src'}:/opt/vllm-site"
+    assert f"result: {out}/l8-gpu-fake-vllm0-2026-01-01.json" in proc.stdout
+    assert (out / "l8.log").exists()
