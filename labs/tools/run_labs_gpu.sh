@@ -51,7 +51,7 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export SERVEBOOK_LAB_PROFILE=gpu SERVEBOOK_LAB_RESULTS="$OUT" MPLBACKEND=Agg
 export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine.lock}
 declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
-                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative
+                [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative [l8]=l8_batch_tactics
                 [l9-dense]=l9_tp_vs_dp [l9-moe]=l9_tp_vs_dp)
 # Lab 9 runs once per model; its result file and log are named after the model.
 declare -A L9_MODEL=([l9-dense]=qwen3-32b [l9-moe]=qwen3-30b-a3b)
@@ -126,13 +126,20 @@ PY
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
   if [ -z "$file" ]; then
-    echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 l9-dense l9-moe plan check l9-check" >&2; return 2
+    echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 l8 l9-dense l9-moe plan check l9-check" >&2; return 2
   fi
   local model=${L9_MODEL[$key]:-} log=$key result=${file}_gpu.json cap=${LAB_TIMEOUT_S:-570} grace=20
   local -a model_env=()
   if [ -n "$model" ]; then  # 580 + 10 s stays inside a 600 s `run` call
     log=l9_${key#l9-} result=${file}_${model}_gpu.json cap=${LAB_TIMEOUT_S:-580} grace=10
     model_env=(env "SERVEBOOK_LAB_MODEL=$model")
+  fi
+  if [ "$key" = l8 ]; then
+    # Lab 8 writes servebook.batch_tactics/1 as l8-gpu-<device>-vllm<version>-<date>.json into its own
+    # SERVEBOOK_LAB_RESULTS_DIR (copy it, unedited, to labs/results/batch_tactics/). Its engine child
+    # inherits PYTHONPATH, which this script prepends to (never replaces: env.sh's entries find vLLM).
+    result="l8-gpu-*.json"
+    model_env=(env "SERVEBOOK_LAB_RESULTS_DIR=$OUT")
   fi
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
@@ -143,7 +150,7 @@ run_lab() {
   ${model_env[@]+"${model_env[@]}"} timeout --signal=INT --kill-after="$grace" "$cap" \
     "$PY" -m servebook.lab.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$log.log" | grep -v "^\s*$" | tail -60
   local rc=${PIPESTATUS[0]}
-  echo "=== $key exit $rc after $((SECONDS - t0)) s; result: $(ls "$OUT/$result" 2>/dev/null || echo MISSING)"
+  echo "=== $key exit $rc after $((SECONDS - t0)) s; result: $(ls "$OUT"/$result 2>/dev/null || echo MISSING)"
   return "$rc"
 }
 

