@@ -234,7 +234,8 @@ def test_lab_note_headline_numbers_match_the_file():
             speed.append(base[b]["wall_s"] / p["wall_s"])
     pred = [r["predicted speedup"] for r in m["speedup"]]
     assert f"gained {min(tps):.2f}–{max(tps):.2f} tokens per step" in note
-    assert f"({min(speed):.2f}–{max(speed):.2f}x, where servebook predicted {min(pred):.2f}–{max(pred):.2f}x)" in note
+    assert (f"({min(speed):.2f}–{max(speed):.2f}x, where servebook predicted "
+            f"{min(pred):.2f}–{max(pred):.2f}x)") in note
     plain = base[1]["wall_s"] / 128 * 1e3
     read = params["target"] * 2 / 4.8e12 * 1e3
     assert f"took {plain:.2f} ms at batch 1, of which reading its weights is {read:.3f} ms" in note
