@@ -160,6 +160,17 @@ def test_spike_summary_by_hand():
     assert s["prefill_window_itl_s"] == pytest.approx((0.01 + 0.10 + 0.01) / 3)
 
 
+def test_baseline_ignores_gaps_while_other_prompts_were_prefilled():
+    # Decode b's prompt is prefilled in 40 ms steps until its first token at 0.16; only then do both
+    # decodes step every 10 ms. Most gaps before the send are a's 40 ms ones, which are not a decode
+    # step (the median of all of them would be 40 ms): the baseline is 10 ms.
+    a = [0.00, 0.04, 0.08, 0.12, 0.16, 0.17, 0.18, 0.30]
+    b = [0.16, 0.17, 0.18, 0.30]
+    s = spike_summary(_run([a, b], 0.175, [0.30]))
+    assert s["baseline_itl_s"] == pytest.approx(0.01)
+    assert s["worst_itl_s"] == pytest.approx(0.12)
+
+
 def test_spike_summary_needs_gaps_on_both_sides():
     with pytest.raises(LabError, match="warm_tokens"):
         spike_summary(_run([[1.0, 2.0]], 0.5, [3.0]))

@@ -210,7 +210,10 @@ def inter_token_gaps(arrivals_s: list[float]) -> list[tuple[float, float]]:
 def spike_summary(run: dict) -> dict:
     """TTFT of the long prompt and the decodes' ITL around its arrival (seconds).
 
-    * ``baseline_itl_s`` — median gap between decode chunks that arrived before the long prompt was sent;
+    * ``baseline_itl_s`` — median gap between decode chunks before the long prompt was sent, counting
+      only gaps that began once every decode had its first token (earlier gaps include steps that
+      prefilled the other decodes' prompts: on the H200, 15 ms median at a 256-token budget against
+      5.8 ms once all prompts were in);
     * ``worst_itl_s`` — the largest gap of a decode chunk that arrived after it was sent;
     * ``prefill_window_itl_s`` — mean gap of decode chunks arriving while the long prompt waited for
       its first token (its send to its first chunk);
@@ -220,10 +223,14 @@ def spike_summary(run: dict) -> dict:
     """
     send, long = run["long_send_s"], run["long"]
     first = long["arrivals_s"][0]
+    settled = max(d["arrivals_s"][0] for d in run["decodes"])   # every decode's prompt is prefilled
     before, after, window, during = [], [], [], []
     for d in run["decodes"]:
         for t, gap in inter_token_gaps(d["arrivals_s"]):
-            (before if t < send else after).append(gap)
+            if t >= send:
+                after.append(gap)
+            elif t - gap >= settled:
+                before.append(gap)
             if send < t <= first:
                 window.append(gap)
         during.append(sum(1 for t in d["arrivals_s"] if send < t < first))
