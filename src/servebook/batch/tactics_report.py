@@ -13,8 +13,6 @@ Standard library only (matplotlib inside :func:`plot_tactics`): no engine is nee
 """
 from __future__ import annotations
 
-import json
-from datetime import datetime
 from pathlib import Path
 
 from servebook.engine_env import REPO_ROOT
@@ -26,7 +24,6 @@ RECORDED_DIR = REPO_ROOT / "labs" / "results" / "batch_tactics"
 #: Top-level fields a result must carry to be rendered (provenance and the measurement itself).
 REQUIRED = ("date", "profile", "gpu", "vllm_version", "model_id", "config", "config_sha256", "engine_args",
             "profile_settings", "cases")
-_GPU_FIELDS = ("name", "count", "driver")
 _RUN_FIELDS = ("wall_s", "requests", "output_tokens", "requests_per_s", "output_tokens_per_s")
 #: (label, slower case, faster case) of each speed-up the lab reports.
 RATIOS = (
@@ -55,29 +52,11 @@ def load_tactics(path: str | Path) -> dict:
             date, model config, engine arguments) is missing, or a case has no complete run. The
             message names the file and what to change.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise LabError(f"{path}: no such Lab 8 result; run the lab (labs/tools/run_labs_gpu.sh l8) to record it")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise LabError(f"{path} is not JSON ({err}); restore the file the lab wrote") from None
-    if not isinstance(doc, dict):
-        raise LabError(f"{path} holds a JSON {type(doc).__name__}, not a Lab 8 result object")
-    if doc.get("schema") != SCHEMA:
-        raise LabError(f"{path} has schema {doc.get('schema')!r}, expected {SCHEMA!r}: it is not a Lab 8 "
-                       "result (labs/results/labs/*_gpu.json are read by servebook.lab.recorded)")
-    missing = [k for k in REQUIRED if doc.get(k) in (None, "", [], {})]
-    gpu = doc.get("gpu")
-    if isinstance(gpu, dict):
-        missing += [f"gpu.{k}" for k in _GPU_FIELDS if gpu.get(k) in (None, "")]
-    if missing:
-        raise LabError(f"{path} lacks field(s) {', '.join(missing)}; re-run the lab to record it "
-                       "with provenance (never fill them in by hand)")
-    try:
-        datetime.fromisoformat(doc["date"])
-    except (TypeError, ValueError):
-        raise LabError(f"{path}: date {doc['date']!r} is not an ISO 8601 time; the lab writes UTC ISO dates") from None
+    from servebook.lab.recorded import read_checked_document
+
+    doc = read_checked_document(path, schema=SCHEMA, required=REQUIRED, what="Lab 8 result",
+                                record_hint="run the lab (labs/tools/run_labs_gpu.sh l8) to record it",
+                                provenance_word="")
     if not isinstance(doc["cases"], list):
         raise LabError(f"{path}: cases must be a list, found {type(doc['cases']).__name__}")
     for i, case in enumerate(doc["cases"]):

@@ -43,6 +43,41 @@ def recorded_path(lab: str, profile: str = "gpu") -> Path:
     return RECORDED_DIR / f"{lab}_{profile}.json"
 
 
+def read_checked_document(path: str | Path, *, schema: str, required: tuple[str, ...], what: str,
+                          record_hint: str, provenance_word: str = "provenance ") -> dict:
+    """Read a recorded JSON document and run the checks every recorded result needs.
+
+    The file must exist and hold a JSON object whose ``schema`` is ``schema``; every field in
+    ``required`` and ``gpu.name``/``count``/``driver`` must be present and non-empty; ``date`` must
+    be ISO 8601. ``what`` names the kind of file in messages ("lab result"), ``record_hint`` says how
+    to produce one. Raises :class:`LabError` naming the file and what to change.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: no such {what}; {record_hint}")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise LabError(f"{path} is not JSON ({err}); restore the file the lab wrote") from None
+    if not isinstance(doc, dict):
+        raise LabError(f"{path} holds a JSON {type(doc).__name__}, not a {what} object")
+    if doc.get("schema") != schema:
+        raise LabError(f"{path} has schema {doc.get('schema')!r}, expected {schema!r}: it is not a {what} "
+                       "(start-up logs, step timings, lab results and Lab 8's tactics each have their own reader)")
+    missing = [k for k in required if doc.get(k) in (None, "", [], {})]
+    gpu = doc.get("gpu")
+    if isinstance(gpu, dict):
+        missing += [f"gpu.{k}" for k in _GPU_FIELDS if gpu.get(k) in (None, "")]
+    if missing:
+        raise LabError(f"{path} lacks {provenance_word}field(s) {', '.join(missing)}; "
+                       "re-run the lab to record it with provenance (never fill them in by hand)")
+    try:
+        datetime.fromisoformat(doc["date"])
+    except (TypeError, ValueError):
+        raise LabError(f"{path}: date {doc['date']!r} is not an ISO 8601 time; the lab writes UTC ISO dates") from None
+    return doc
+
+
 def load_recorded(path: str | Path, *, lab: str | None = None) -> dict:
     """Read one lab result file and check it is data the book may render.
 
@@ -55,29 +90,8 @@ def load_recorded(path: str | Path, *, lab: str | None = None) -> dict:
             provenance field (GPU name/count/driver, vLLM version, date, model config, flags) is
             missing, or it holds another lab. The message names the file and what to change.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise LabError(f"{path}: no such lab result; run the lab (labs/tools/run_labs_gpu.sh) to record it")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise LabError(f"{path} is not JSON ({err}); restore the file the lab wrote") from None
-    if not isinstance(doc, dict):
-        raise LabError(f"{path} holds a JSON {type(doc).__name__}, not a lab result object")
-    if doc.get("schema") != SCHEMA:
-        raise LabError(f"{path} has schema {doc.get('schema')!r}, expected {SCHEMA!r}: "
-                       "it is not a lab result (start-up logs and step timings have their own readers)")
-    missing = [k for k in REQUIRED if doc.get(k) in (None, "")]
-    gpu = doc.get("gpu")
-    if isinstance(gpu, dict):
-        missing += [f"gpu.{k}" for k in _GPU_FIELDS if gpu.get(k) in (None, "")]
-    if missing:
-        raise LabError(f"{path} lacks provenance field(s) {', '.join(missing)}; "
-                       "re-run the lab to record it with provenance (never fill them in by hand)")
-    try:
-        datetime.fromisoformat(doc["date"])
-    except (TypeError, ValueError):
-        raise LabError(f"{path}: date {doc['date']!r} is not an ISO 8601 time; the lab writes UTC ISO dates") from None
+    doc = read_checked_document(path, schema=SCHEMA, required=REQUIRED, what="lab result",
+                                record_hint="run the lab (labs/tools/run_labs_gpu.sh) to record it")
     if not isinstance(doc["measurements"], dict):
         raise LabError(f"{path}: measurements must be an object, found {type(doc['measurements']).__name__}")
     if lab is not None and doc["lab"] != lab:
