@@ -70,6 +70,7 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
                      bench 512 prompts (1024 in/256 out) each          442 s measured
   l5 chunked prefill 4 vllm serve (graphs), chunking off + budgets 1024/256/128,
                      32 decodes + one 8000-token prompt, 3 repeats each  340 s measured
+                     (now 5 engines: budget 2048 added, ~85 s more; the deadline guards it)
   l6 prefix caching  2 vllm serve (graphs), 20,000-block pool, 128 + 96 token-id
                      requests each, offline 192 requests in two orders   250 s measured
   l7 speculative     train a 63M target / 6M draft pair (~50 s), then 5 LLM()
