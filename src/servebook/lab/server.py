@@ -125,6 +125,10 @@ _HINTS: tuple[tuple[str, str], ...] = (
      "a flag is misspelt or not in this vLLM release: check `vllm serve --help` for the exact spelling"),
     (r"Address already in use",
      "the port is taken: let the harness pick one (port=None)"),
+    (r"No module named 'vllm'",
+     "the engine's Python cannot import vllm: if you set PYTHONPATH, prepend to it "
+     "(PYTHONPATH=$PWD/src:$PYTHONPATH) instead of replacing it (labs/tools/run_labs_gpu.sh does), "
+     "or run with the Python that has vLLM"),
 )
 _ERROR_LINE = re.compile(r"(\b\w*(Error|Exception)\b:|error:)\s*\S")
 _NOISE = re.compile(r"nanobind|leaked|resource_tracker|warnings\.warn|See root cause above|runtime errors\.")
@@ -149,8 +153,8 @@ def engine_error_line(log: str) -> str:
     return line
 
 
-def hint_for(log: str) -> str:
-    """What to change, judged from the engine's output."""
+def hint_for(log: str, default: str = "read the engine's log (server.log) above the error line") -> str:
+    """What to change, judged from the engine's output; ``default`` when no known error matches."""
     line = engine_error_line(log)
     for pattern, hint in _HINTS:
         if re.search(pattern, line) or (not line and re.search(pattern, log)):
@@ -158,7 +162,7 @@ def hint_for(log: str) -> str:
     for pattern, hint in _HINTS:
         if re.search(pattern, log[-20000:]):
             return hint
-    return "read the engine's log (server.log) above the error line"
+    return default
 
 
 class VllmServer:
