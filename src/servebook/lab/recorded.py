@@ -331,7 +331,8 @@ def _axes(figsize=(6, 3.5)):
     return fig, ax
 
 
-def _title(doc: dict | None, what: str) -> str:
+def figure_title(doc: dict | None, what: str) -> str:
+    """A figure's title: ``what``, then the model, GPU and vLLM version of a recorded ``doc`` (if any)."""
     if doc is None:
         return what
     return f"{what}\n{doc['model_id']}, {doc['gpu']['name']}, vLLM {doc['vllm_version']}"
@@ -348,7 +349,7 @@ def plot_l1(points: list[dict], doc: dict | None = None):
                   fontsize=8)
     ax.set_xlabel("start (--max-model-len, --gpu-memory-utilization, --kv-cache-dtype)")
     ax.set_ylabel("KV cache, thousand tokens")
-    ax.set_title(_title(doc, "KV cache size: predicted vs engine"), fontsize=9)
+    ax.set_title(figure_title(doc, "KV cache size: predicted vs engine"), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -372,7 +373,7 @@ def plot_l2(measurements: dict, doc: dict | None = None):
           color=["C0", "C1"])
     b.set_xlabel("system (same requests)")
     b.set_ylabel("output throughput, tokens/s")
-    fig.suptitle(_title(doc, "Continuous batching vs static batching"), fontsize=9)
+    fig.suptitle(figure_title(doc, "Continuous batching vs static batching"), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -393,7 +394,7 @@ def plot_l3(measurements: dict, doc: dict | None = None):
     ax2.bar(xs, [p["preemptions"] for p in points], width=[x * 0.2 for x in xs], alpha=0.3, color="red")
     ax2.set_ylabel("preemptions (count)")
     blocks = measurements["workload"]["num_gpu_blocks_override"]
-    ax.set_title(_title(doc, f"Preemptions and throughput, pool of {blocks:,} blocks"), fontsize=9)
+    ax.set_title(figure_title(doc, f"Preemptions and throughput, pool of {blocks:,} blocks"), fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
@@ -417,7 +418,7 @@ def plot_l4(measurements: dict, doc: dict | None = None):
     b.set_xticks(list(xs), dtypes)
     b.set_xlabel("--kv-cache-dtype")
     b.set_ylabel("output throughput, tokens/s")
-    fig.suptitle(_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
+    fig.suptitle(figure_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -447,7 +448,7 @@ def plot_l5(measurements: dict, doc: dict | None = None):
     b.set_xlabel("--max-num-batched-tokens (chunking on)")
     b.set_ylabel("mean step while prefilling, ms")
     b.legend(fontsize=7)
-    fig.suptitle(_title(doc, "Chunked prefill: TTFT vs ITL, and the price of a chunked step"), fontsize=9)
+    fig.suptitle(figure_title(doc, "Chunked prefill: TTFT vs ITL, and the price of a chunked step"), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -473,6 +474,6 @@ def plot_l6(measurements: dict, doc: dict | None = None):
     c.bar([r["order"] for r in offline], [r["wall s"] for r in offline], color="C2")
     c.set_xlabel("offline batch order (caching on)")
     c.set_ylabel("wall time, s")
-    fig.suptitle(_title(doc, "Prefix caching: serving with it on and off; offline order"), fontsize=9)
+    fig.suptitle(figure_title(doc, "Prefix caching: serving with it on and off; offline order"), fontsize=9)
     fig.tight_layout()
     return fig

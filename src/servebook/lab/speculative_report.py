@@ -18,6 +18,7 @@ Engine names are the lab's: ``"baseline"``, ``"ngram k=3"``, ``"draft k=2"``, ``
 from __future__ import annotations
 
 from servebook.lab.errors import LabError
+from servebook.lab.recorded import figure_title
 
 BASELINE = "baseline"
 
@@ -35,17 +36,13 @@ def _engines(measurements: dict) -> dict:
     return engines
 
 
-def _k(name: str) -> int:
-    return int(name.rsplit("=", 1)[1])
-
-
 def _is_draft_model(name: str) -> bool:
     return name.startswith("draft k=")
 
 
 def _spec_engines(engines: dict) -> list[str]:
     """Speculative engines with a fixed k that ran (the schedule and failed ones left out)."""
-    return [n for n, e in engines.items() if n != BASELINE and e.get("ok") and "=" in n
+    return [n for n, e in engines.items() if n != BASELINE and e.get("ok")
             and (n.startswith("ngram k=") or _is_draft_model(n))]
 
 
@@ -79,11 +76,13 @@ def _points(engine: dict) -> dict:
 
 
 def _sequence_steps(name: str, point: dict) -> tuple[float, bool]:
-    """(sequence-steps of one batch point, counted exactly?)."""
-    c = point["counters"]
-    if _is_draft_model(name):   # one prefill step per request plus one step per draft
-        return c["drafts"] + point["batch"], True
-    return point["output_tokens"] - c["accepted_tokens"], False   # n-gram: estimated, see tokens_per_sequence_step
+    """(sequence-steps of one batch point, counted exactly?): exact for a draft model, estimated for
+    an n-gram (:func:`servebook.lab.speculative_run.sequence_steps`)."""
+    from servebook.lab.speculative_run import sequence_steps
+
+    c, exact = point["counters"], _is_draft_model(name)
+    counted = {"drafts": c["drafts"], "requests": point["batch"]} if exact else {}
+    return sequence_steps(point["output_tokens"], c["accepted_tokens"], **counted), exact
 
 
 def speedup_rows(measurements: dict) -> list[dict]:
@@ -184,10 +183,7 @@ def plot_l7(measurements: dict, doc: dict | None = None):
         ax.set_xticks(batches, [str(x) for x in batches])
         ax.minorticks_off()
         ax.set_xlabel("batch size (requests served together, log scale)")
-    title = "Speculative decoding: speedup and step time"
-    if doc is not None:
-        title += f"\n{doc['model_id']}, {doc['gpu']['name']}, vLLM {doc['vllm_version']}"
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(figure_title(doc, "Speculative decoding: speedup and step time"), fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -66,17 +66,17 @@ def acceptance_summary(drafts: float, draft_tokens: float, accepted: float, per_
     return out
 
 
-def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float, *, drafts: float | None = None,
-                             requests: int | None = None) -> float:
-    """Tokens each sequence gained per engine step, drafted or not.
+def sequence_steps(output_tokens: float, accepted_tokens: float, *, drafts: float | None = None,
+                   requests: int | None = None) -> float:
+    """Engine steps the sequences took, summed over sequences (a sequence-step: one sequence in one step).
 
-    Exact for a drafter that drafts at every decode step (a draft model): give ``drafts``
-    and ``requests``; each request then had one prefill step plus one step per draft, so
-    ``output / (drafts + requests)``.
+    Exact for a drafter that drafts at every decode step (a draft model): give ``drafts`` and
+    ``requests``; each request then had one prefill step plus one step per draft, so
+    ``drafts + requests``.
 
     Otherwise (an n-gram drafts only where it finds a match) the steps are estimated as
     ``output_tokens - accepted_tokens`` (each step gives a sequence one target token plus its
-    accepted drafts). That overstates tokens per step a little: vLLM 0.27.1 counts the drafts
+    accepted drafts). That understates the steps a little: vLLM 0.27.1 counts the drafts
     accepted in a request's last step before ``max_tokens`` cuts them off
     (``vllm/v1/core/sched/scheduler.py``), at most ``k`` tokens per request.
     """
@@ -85,10 +85,17 @@ def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float, *, dr
     if drafts is not None and requests is not None:
         if requests < 1 or drafts < 0:
             raise ServebookError(f"need requests >= 1 and drafts >= 0, got {requests} and {drafts}")
-        return output_tokens / (drafts + requests)
+        return drafts + requests
     if not 0 <= accepted_tokens < output_tokens:
         raise ServebookError(f"need 0 <= accepted ({accepted_tokens}) < output tokens ({output_tokens})")
-    return output_tokens / (output_tokens - accepted_tokens)
+    return output_tokens - accepted_tokens
+
+
+def tokens_per_sequence_step(output_tokens: float, accepted_tokens: float, *, drafts: float | None = None,
+                             requests: int | None = None) -> float:
+    """Tokens each sequence gained per engine step, drafted or not: ``output_tokens`` over
+    :func:`sequence_steps` (exact with ``drafts`` and ``requests``, else estimated and a little high)."""
+    return output_tokens / sequence_steps(output_tokens, accepted_tokens, drafts=drafts, requests=requests)
 
 
 def summed_counters(points: list[dict]) -> dict:
