@@ -12,8 +12,8 @@ same table from one code path.
   :func:`servebook.lab.side_by_side` or pandas).
 * ``plot_l1`` ... ``plot_l6`` — matplotlib figures of the same numbers, axes labelled with units.
 
-Labs 5 and 6 print their own tables while they run; the functions for them here read what the
-labs saved (predictions beside measurements) for the book.
+Lab 6 prints its tables through the functions here too; Lab 5 prints its own while it runs, and
+``l5_table`` reads what it saved (predictions beside measurements) for the book.
 
 Throughputs are output tokens per second, latencies seconds unless the key says ``_ms``.
 """
