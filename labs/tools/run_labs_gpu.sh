@@ -50,6 +50,12 @@ LAB_TIMEOUT_S=${LAB_TIMEOUT_S:-}   # empty: 570 s a lab, 580 s for l9-dense / l9
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export SERVEBOOK_LAB_PROFILE=gpu SERVEBOOK_LAB_RESULTS="$OUT" MPLBACKEND=Agg
 export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine.lock}
+# NVLink multicast stays off (the lent multi-GPU kinds set these; a program using multicast can put
+# a shared host's GPUs out of service). Engines inherit them. vLLM's symmetric-memory all-reduce needs
+# multicast and turns itself off without it; VLLM_ALLREDUCE_USE_SYMM_MEM=0 says so up front, so
+# TP=2 uses vLLM's custom all-reduce (or NCCL) exactly as it would here anyway.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} VLLM_ALLREDUCE_USE_SYMM_MEM=${VLLM_ALLREDUCE_USE_SYMM_MEM:-0}
 declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
                 [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative [l8]=l8_batch_tactics
                 [l9-dense]=l9_tp_vs_dp [l9-moe]=l9_tp_vs_dp)
