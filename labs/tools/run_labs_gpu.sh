@@ -138,7 +138,7 @@ run_lab() {
   local model=${L9_MODEL[$key]:-} log=$key result=${file}_gpu.json cap=${LAB_TIMEOUT_S:-570} grace=20
   local -a model_env=()
   if [ -n "$model" ]; then  # 580 + 10 s stays inside a 600 s `run` call
-    log=l9_${key#l9-} result=${file}_${model}_gpu.json cap=${LAB_TIMEOUT_S:-580} grace=10
+    log=l9_${key#l9-} result="${file}_${model}*_gpu.json" cap=${LAB_TIMEOUT_S:-580} grace=10
     model_env=(env "SERVEBOOK_LAB_MODEL=$model")
   fi
   if [ "$key" = l8 ]; then
