@@ -204,7 +204,8 @@ def _point(config, tp, gib, extra=None):
     args = dict({"tensor_parallel_size": tp} if tp > 1 else {}, **(extra or {}))
     return {"config": config, "engine_args": args,
             "startup": [{"available_kv_cache_gib": gib, "kv_cache_tokens": 123}],
-            "light": {"summary": combine_bench_runs([run])}, "saturated": {"summary": combine_bench_runs([run])},
+            "light": {"summary": combine_bench_runs([run])},
+            "saturated": {"summary": combine_bench_runs([run]), "runs": [run]},
             "metrics_delta": {"vllm:inter_token_latency_seconds_sum": 3.0,
                               "vllm:inter_token_latency_seconds_count": 200.0, "vllm:num_preemptions": 2.0}}
 
@@ -216,7 +217,7 @@ def test_comparison_rows_by_hand(coeffs):
     cfg = _raw("qwen3-32b")
     setup = _setup()
     predicted = predicted_configs(spec, setup, coeffs)
-    measurements = {"workload": {"max_model_len": 4096, "max_num_batched_tokens": 8192},
+    measurements = {"workload": {"max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 256},
                     "predicted": {"qwen3-32b": predicted},
                     "points": [_point("TP=1", 1, 40.0), _point("TP=2+EP", 2, 40.0, {"enable_expert_parallel": True}),
                                {"config": "DP=2", "error": "EngineStartError: out of memory"}]}
@@ -230,6 +231,12 @@ def test_comparison_rows_by_hand(coeffs):
         assert r["engine ITL ms (saturated)"] == 15.0                  # 3 s over 200 gaps
         assert r["TPOT alone ms"] == 30.0                                # median of 20 and 40 ms
         assert r["out tok/s"] == round(22 / 4.0)
+        assert r["engine tok/s (saturated)"] is None                     # preempted: not all decoded at once
+    calm = _point("TP=1", 1, 40.0)
+    calm["metrics_delta"]["vllm:num_preemptions"] = 0.0
+    [row], _ = comparison_rows(dict(measurements, points=[calm]), spec)
+    assert row["engine tok/s (saturated)"] == round(2 / 0.015)          # 2 requests, 15 ms between tokens
+    assert row["client TPOT ms (saturated)"] == 30.0                    # mean of 20 and 40 ms
     # the EP point is compared with the TP=2 prediction
     assert rows[1]["tokens pred"] == predicted[1]["kv_cache_tokens"] and predicted[1]["config"] == "TP=2"
     with pytest.raises(LabError, match="not qwen3-30b-a3b"):

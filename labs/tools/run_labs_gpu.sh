@@ -7,6 +7,7 @@
 #   bash labs/tools/run_labs_gpu.sh l9-check      # Lab 9: imports, GPU count, MoE kernels (about 20 s)
 #   bash labs/tools/run_labs_gpu.sh l9-dense      # Lab 9 on TWO GPUs, Qwen3-32B:     TP=1, DP=2, TP=2
 #   bash labs/tools/run_labs_gpu.sh l9-moe        # Lab 9 on TWO GPUs, Qwen3-30B-A3B: TP=1, DP=2, TP=2, TP=2+EP
+#   SERVEBOOK_LAB_L9_CONFIGS=TP=2 bash labs/tools/run_labs_gpu.sh l9-dense   # only these configurations
 #
 # On the lent H200 (see shared/gpu/README.md): install vLLM 0.26.0 with the four `run` calls of
 # its "Steps" section (core payload only: the labs use Llama-3.1-8B, no MoE), then ONE `run` call
@@ -88,13 +89,14 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
   and save after every engine, so a lab cut by its cap still returns what it measured.
 
 Lab 9 needs 2x H200 (NVLink; kind nvidia-h200-x2), vLLM 0.26.0, random weights, CUDA graphs; per
-configuration an engine start (20-90 s; the DP replicas start together and reuse TP=1's compile
-cache), a warm-up, 8 single-stream requests (512 in / 32 out) and 256 requests at once (512 in /
-128 out); every model is capped at 580 s:
-  l9-dense  Qwen3-32B      TP=1, DP=2 (two pinned servers), TP=2                ~6-8 min
-  l9-moe    Qwen3-30B-A3B  TP=1, DP=2, TP=2, TP=2 --enable-expert-parallel      ~8-9.5 min
-            (the EP point is skipped, and the result says so, if the budget cannot hold it)
-  install (core + moe payloads) ~3-4 min; total device time ~18-22 min of one 30-minute session.
+configuration an engine start, a warm-up, 8 single-stream requests (512 in / 32 out) and 256
+requests at once (512 in / 128 out). Measured on 2026-11-30: a configuration takes 139-243 s
+(start 77-164 s with torch.compile; each `vllm bench serve` launch ~25 s of imports), so the lab's
+540 s budget holds TP=1 and DP=2 and skips the rest, saying so. Measure the rest in a second call:
+  l9-dense  Qwen3-32B      TP=1, DP=2  390 s;  SERVEBOOK_LAB_L9_CONFIGS=TP=2 ... l9-dense   250 s
+  l9-moe    Qwen3-30B-A3B  TP=1, DP=2  365 s;  SERVEBOOK_LAB_L9_CONFIGS=TP=2,TP=2+EP ... l9-moe  448 s
+  install (core + moe payloads, three calls) ~100 s with the start; all of it: 27 minutes of device
+  time, most of one 30-minute session.
 PLAN
 }
 

@@ -307,6 +307,25 @@ def sum_metric_deltas(befores: Sequence[dict], afters: Sequence[dict], names: Se
     return {n: sum(delta(b, a, n) for b, a in zip(befores, afters)) for n in names}
 
 
+def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
+    """Tokens/s the engine(s) emitted while every request of the saturation load decoded at once.
+
+    ``requests / mean engine ITL``: ``vllm:inter_token_latency_seconds`` is timed from the engine
+    core's output timestamps, so this is the engines' pace, whatever the HTTP path delivered.
+    None when the condition does not hold (more requests per engine than ``max_num_seqs``, or a
+    preemption), or the counters are missing.
+    """
+    runs = point["saturated"]["runs"]
+    d = point["metrics_delta"]
+    count = d.get("vllm:inter_token_latency_seconds_count") or 0
+    if not count or d.get("vllm:num_preemptions"):
+        return None
+    if any(len(run["requests"]) > max_num_seqs for run in runs):
+        return None
+    mean_itl_s = d["vllm:inter_token_latency_seconds_sum"] / count
+    return sum(len(run["requests"]) for run in runs) / mean_itl_s
+
+
 # ----------------------------------------------------------------------------- all-reduce
 def _decode_points(doc: dict) -> dict[tuple[int, int], dict]:
     [case] = [c for c in doc["cases"] if c.get("result")]
@@ -387,6 +406,9 @@ def comparison_rows(measurements: dict, spec: ModelSpec) -> tuple[list[dict], li
             "mean TTFT ms (saturated)": round(sat["mean_ttft_ms"]),
             "engine ITL ms (saturated)": round(d["vllm:inter_token_latency_seconds_sum"] / itl_n * 1e3, 2)
             if itl_n else None,
+            "client TPOT ms (saturated)": round(sat["mean_tpot_ms"], 1),
+            "engine tok/s (saturated)": None if (rate := engine_decode_tok_s(p, w["max_num_seqs"])) is None
+            else round(rate),
             "preemptions": d.get("vllm:num_preemptions"),
         })
     return rows, notes

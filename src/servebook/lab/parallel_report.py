@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from servebook.lab.errors import LabError
-from servebook.lab.parallel import comparison_rows
+from servebook.lab.parallel import comparison_rows, engine_decode_tok_s
 from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded
 from servebook.model_spec import ModelSpec
 
@@ -133,23 +133,6 @@ def saturated_prefix_hit_pct(point: dict) -> float | None:
             if hit and running and int(running.group(1)) > 1:
                 rates.append(float(hit.group(1)))
     return max(rates) if rates else None
-
-
-def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
-    """Tokens/s the engine(s) emitted while every request of the saturation load decoded at once.
-
-    ``requests / mean engine ITL``. None when the condition does not hold (more requests per
-    engine than ``max_num_seqs``, or a preemption), or the counters are missing.
-    """
-    runs = point["saturated"]["runs"]
-    d = point["metrics_delta"]
-    count = d.get("vllm:inter_token_latency_seconds_count") or 0
-    if not count or d.get("vllm:num_preemptions"):
-        return None
-    if any(len(run["requests"]) > max_num_seqs for run in runs):
-        return None
-    mean_itl_s = d["vllm:inter_token_latency_seconds_sum"] / count
-    return sum(len(run["requests"]) for run in runs) / mean_itl_s
 
 
 def saturation_rows(view: dict) -> list[dict]:

@@ -119,9 +119,10 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False,
                # seconds kept, under a runner's deadline, for the cells after the engines
                "analysis_s": 20},
-        # L9: two GPUs; one run per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b), each
-        # 3-4 configurations with CUDA graphs inside the 580 s cap of run_labs_gpu.sh's l9-dense /
-        # l9-moe (time_budget_s guards it).
+        # L9: two GPUs; runs per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b) inside the
+        # 580 s cap of run_labs_gpu.sh's l9-dense / l9-moe. A configuration took 139-243 s on two H200s
+        # (2026-11-30), so time_budget_s holds two and skips the rest; SERVEBOOK_LAB_L9_CONFIGS
+        # measures those in a second run.
         "l9": {"models": None, "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
                "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
                "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
