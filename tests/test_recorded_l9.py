@@ -184,3 +184,9 @@ def test_lab_page_note_quotes_the_files():
     assert f"{dense['TP=2']['KV tokens logged']:,}" in note and f"{dense['TP=1']['KV tokens logged']:,}" in note
     assert f"{single['TP=1']['TPOT ms']:.1f} ms" in note and f"{single['TP=2']['TPOT ms']:.1f} ms" in note
     assert "0.26.0" in note and "two" in note.lower()
+
+
+def test_lab_text_quotes_the_recorded_delivery_lag():
+    lags = [r["client/engine"] for m in (DENSE, MOE) for r in R.saturation_rows(R.load_l9(m)) if r["servers"] == 1]
+    text = " ".join((ROOT / "labs" / "l9_tp_vs_dp.md").read_text().split())
+    assert f"they were {min(lags):.1f}–{max(lags):.1f} times slower for every single server" in text
