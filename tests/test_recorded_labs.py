@@ -334,3 +334,34 @@ def test_lab_notes_headline_numbers_match_the_files():
             f"{s6[('system', 'on')]['output tok/s'] / s6[('system', 'off')]['output tok/s']:.1f}x") in note
     assert (f"grouped by prefix hit {o6['grouped']['hit rate']:.3f} and shuffled {o6['shuffled']['hit rate']:.3f} "
             f"(predicted {o6['shuffled']['predicted (this pool)']:.3f})") in note
+
+
+def test_logged_prefix_hit_rate_reads_only_lines_with_a_load_running():
+    from servebook.lab.recorded import engine_logs, logged_prefix_hit_pct
+
+    line = "INFO [loggers.py:310] Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: {} reqs, Waiting: 0 reqs, " \
+           "GPU KV cache usage: 1.0%, Prefix cache hit rate: {}%"
+    measurements = {"engines": {"a": {"log": "\n".join([line.format(0, "90.0"), line.format(1, "80.0"),
+                                                         line.format(12, "33.3")])},
+                                "b": {"log": line.format(200, "41.5") + "\nother text"}},
+                    "points": [{"log": "no stats here"}], "n": 3}
+    logs = engine_logs(measurements)
+    assert len(logs) == 2                                   # only strings that carry the stats line
+    assert logged_prefix_hit_pct(logs) == 41.5              # idle (0) and single-stream (1) lines left out
+    assert logged_prefix_hit_pct(logs, min_running=100) == 41.5
+    assert logged_prefix_hit_pct(logs, min_running=201) is None
+    assert logged_prefix_hit_pct([]) is None
+
+
+def test_recorded_labs_2_to_4_hit_the_prefix_cache_with_their_random_prompts():
+    # the caveat the book prints: read here straight from the raw logs with a plain split
+    from servebook.lab.recorded import engine_logs, logged_prefix_hit_pct
+
+    for lab in ("l2_paged_continuous", "l3_preemption", "l4_fp8_kv"):
+        m = raw(lab)["measurements"]
+        rates = []
+        for log in engine_logs(m):
+            for l in log.splitlines():
+                if "Prefix cache hit rate:" in l and int(l.split("Running: ")[1].split()[0]) > 1:
+                    rates.append(float(l.rsplit("Prefix cache hit rate: ", 1)[1].rstrip("%").split("%")[0]))
+        assert logged_prefix_hit_pct(engine_logs(m)) == max(rates) > 30

@@ -30,15 +30,13 @@ from pathlib import Path
 
 from servebook.lab.errors import LabError
 from servebook.lab.parallel import comparison_rows, engine_decode_tok_s
-from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded
+from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded, logged_prefix_hit_pct
 from servebook.model_spec import ModelSpec
 
 #: Configurations in the order the lab measures them.
 CONFIG_ORDER = ("TP=1", "DP=2", "TP=2", "TP=2+EP")
 #: Fields that must agree between the files merged for one model.
 _SAME = ("vllm_version", "model_id", "config_sha256")
-_HIT_RATE = re.compile(r"Prefix cache hit rate: ([0-9.]+)%")
-_RUNNING = re.compile(r"Running: (\d+) reqs")
 
 
 def l9_paths(model_id: str, directory: str | Path = RECORDED_DIR) -> list[Path]:
@@ -120,19 +118,13 @@ def _point(view: dict, config: str) -> dict:
 
 
 def saturated_prefix_hit_pct(point: dict) -> float | None:
-    """The highest prefix-cache hit rate (%) an engine logged while more than one request ran.
+    """The highest prefix-cache hit rate (%) a configuration's engines logged while more than one request ran.
 
-    vLLM logs the rate over recent requests every 10 s; random prompts should hit ~0%. Lines with
-    one request running belong to the single-stream load. None when no line fell inside the
-    saturation load (a load shorter than the logging interval can end between two lines).
+    Random prompts should hit ~0%. Lines with one request running belong to the single-stream
+    load. None when no line fell inside the saturation load (a load shorter than vLLM's 10 s
+    logging interval can end between two lines).
     """
-    rates = []
-    for log in point["logs"]:
-        for line in log.splitlines():
-            hit, running = _HIT_RATE.search(line), _RUNNING.search(line)
-            if hit and running and int(running.group(1)) > 1:
-                rates.append(float(hit.group(1)))
-    return max(rates) if rates else None
+    return logged_prefix_hit_pct(point["logs"])
 
 
 def saturation_rows(view: dict) -> list[dict]:

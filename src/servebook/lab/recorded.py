@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -121,6 +122,35 @@ def provenance(doc: dict) -> dict:
         "dtype": config.get("torch_dtype"),
         "engine_args": doc["engine_args"],
     }
+
+
+_HIT_RATE = re.compile(r"Prefix cache hit rate: ([0-9.]+)%")
+_RUNNING = re.compile(r"Running: (\d+) reqs")
+
+
+def logged_prefix_hit_pct(logs, *, min_running: int = 2) -> float | None:
+    """The highest prefix-cache hit rate (%) in engine logs, over lines with ``min_running`` or more requests running.
+
+    vLLM's periodic stats line (every 10 s) carries ``Running: N reqs`` and ``Prefix cache hit
+    rate: X%`` (over recent requests). Lines with fewer requests running (idle, or a single-stream
+    load) are left out. None when no line qualifies.
+    """
+    rates = []
+    for log in logs:
+        for line in log.splitlines():
+            hit, running = _HIT_RATE.search(line), _RUNNING.search(line)
+            if hit and running and int(running.group(1)) >= min_running:
+                rates.append(float(hit.group(1)))
+    return max(rates) if rates else None
+
+
+def engine_logs(measurements) -> list[str]:
+    """Every engine log kept in a lab's measurements (any string value holding vLLM's stats line)."""
+    if isinstance(measurements, dict):
+        return [log for v in measurements.values() for log in engine_logs(v)]
+    if isinstance(measurements, list):
+        return [log for v in measurements for log in engine_logs(v)]
+    return [measurements] if isinstance(measurements, str) and "Prefix cache hit rate" in measurements else []
 
 
 # ---- L1: the memory budget ---------------------------------------------------------------------
