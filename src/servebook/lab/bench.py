@@ -5,8 +5,9 @@ run as a subprocess of the engine's Python with ``--save-result --save-detailed`
 holds per-request ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s, one list per
 request) and ``start_times``. :func:`run_bench` returns that JSON (less the generated
 texts) with each request's end-to-end latency added, and the prefix cache's work during the
-load (``/metrics`` scraped before and after): the random dataset means distinct prompts, and a
-recording whose ``prefix_cache`` hit rate is not near zero did not measure what it meant to.
+load (``/metrics`` scraped before and after). The random dataset means distinct prompts, so the
+hit rate should be near zero (two prompts repeat only when their random start ids coincide);
+a larger rate means the prompts repeated and the cache, not the engine, served them.
 """
 from __future__ import annotations
 
