@@ -96,6 +96,6 @@ def test_lab_l8_tight_and_loose_do_the_same_work(name):
         assert stops < allowed and len(allowed - stops) == profile.keep_going
         assert len(t.prompt_token_ids) < profile.max_model_len
         assert max(t.prompt_token_ids) < profile.workload.vocab_size
-        assert max(allowed) < 100   # inside the test tokenizer (servebook.tiny_model has ~140 tokens)
+        assert max(allowed) < 100   # inside the test tokenizer at any vocab_size (servebook.tiny_model)
     # Shared prefixes must span at least one KV block, or prefix caching cannot reuse them.
     assert profile.workload.prefix_tokens >= profile.block_tokens

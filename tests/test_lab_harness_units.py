@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from servebook.errors import ServebookError
 from servebook.lab import metrics as M
-from servebook.lab.bench import summarise_bench
+from servebook.lab.bench import prefix_cache_delta, run_bench, summarise_bench
 from servebook.lab.errors import LabError, PortInUseError
 from servebook.lab.profiles import get_profile
 from servebook.lab.run_notebook import code_cells
@@ -129,6 +131,45 @@ def test_bench_rows_latency_is_ttft_plus_gaps():
 def test_bench_with_no_completed_request_says_why():
     with pytest.raises(LabError, match="Connection refused"):
         summarise_bench({"completed": 0, "ttfts": [0], "errors": ["Connection refused"]})
+
+
+def test_prefix_cache_delta_is_the_counters_growth():
+    before = {"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 200.0}
+    after = {"vllm:prefix_cache_queries_total": 9192.0, "vllm:prefix_cache_hits_total": 712.0}
+    assert prefix_cache_delta(before, after) == {"query_tokens": 8192.0, "hit_tokens": 512.0,
+                                                 "hit_rate": 0.0625}
+    # nothing looked up (prefix caching off, counters absent): no rate rather than 0/0
+    assert prefix_cache_delta({}, {}) == {"query_tokens": 0.0, "hit_tokens": 0.0, "hit_rate": None}
+
+
+def test_run_bench_records_the_prefix_cache_around_the_load(monkeypatch, tmp_path):
+    """/metrics is read just before and just after ``vllm bench serve``, not around anything else."""
+    from servebook.lab import bench
+
+    events = []
+
+    class FakeServer:
+        base_url, model, env = "http://127.0.0.1:1", "m", {}
+
+        def metrics(self):
+            events.append("scrape")
+            served = 8192.0 if "bench" in events else 0.0
+            return {"vllm:prefix_cache_queries_total": 100.0 + served, "vllm:prefix_cache_hits_total": 4.0 + served / 4}
+
+    def fake_run(cmd, **kw):
+        events.append("bench")
+        out = cmd[cmd.index("--result-dir") + 1]
+        raw = {"completed": 1, "duration": 1.0, "input_lens": [512], "output_lens": [4], "ttfts": [0.1],
+               "itls": [[0.01] * 3], "start_times": [0.0]}
+        (Path(out) / "bench.json").write_text(json.dumps(raw))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setenv("SERVEBOOK_VLLM_PYTHON", str(tmp_path / "python"))
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out = run_bench(FakeServer(), num_prompts=1, input_len=512, output_len=4)
+    assert events == ["scrape", "bench", "scrape"]
+    assert out["prefix_cache"] == {"query_tokens": 8192.0, "hit_tokens": 2048.0, "hit_rate": 0.25}
+    assert out["summary"]["completed"] == 1
 
 
 def test_profiles(monkeypatch):

@@ -3,8 +3,8 @@
 No weights are downloaded anywhere in this project: an engine loads random weights
 of the right shapes, which is all the memory, batching and timing behaviour needs.
 A directory holds ``config.json`` (any architecture, e.g. a reference config) and,
-when the ``tokenizers`` library is importable, a small word-level tokenizer so that
-``vllm serve`` and ``vllm bench serve`` work offline.
+when the ``tokenizers`` library is importable, a word-level tokenizer with the model's
+vocabulary size so that ``vllm serve`` and ``vllm bench serve`` work offline.
 """
 from __future__ import annotations
 
@@ -44,17 +44,51 @@ _WORDS = (
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?;:'\"-()/")
 
 
-def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> bool:
-    """Write a word-level tokenizer; returns False when ``tokenizers`` is not installed."""
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    except ImportError:
-        return False
+#: The most tokens :func:`_write_tokenizer` writes (Gemma 4's vocabulary; 262,144 entries take
+#: well under a second to write). Models with larger vocabularies get this many tokens: their
+#: higher ids simply never occur in prompts built from the tokenizer.
+MAX_TOKENIZER_VOCAB = 262_144
+
+
+def synthetic_word(token_id: int) -> str:
+    """The text of a filler token: ``w`` and its id (``w1234`` is id 1234).
+
+    Letters and digits only, so the tokenizer's WhitespaceSplit + Punctuation pre-tokenizer
+    keeps it whole and the WordPiece decoder leaves it alone: decode then encode gives the id back.
+    """
+    return f"w{token_id}"
+
+
+def tokenizer_vocab(vocab_size: int) -> dict[str, int]:
+    """``{token: id}`` of the tokenizer :func:`write_model_dir` writes for a ``vocab_size`` model.
+
+    Ids 0-5 are the special tokens (``<unk>``, ``<s>``, ``</s>``, chat roles), then a few English
+    words, then single characters (about 130 tokens, the same ids whatever the size); the rest,
+    up to ``min(vocab_size, MAX_TOKENIZER_VOCAB)``, are :func:`synthetic_word` fillers. The fillers
+    matter for ``vllm bench serve --dataset-name random``: it builds each prompt as a run of
+    consecutive allowed token ids from a random offset, wrapped around the vocabulary, so with
+    only ~130 tokens half of 256 prompts repeat an earlier one and the prefix cache serves them;
+    with the model's vocabulary the prompts are distinct.
+    """
     vocab: dict[str, int] = {}
     for token in _SPECIALS + _WORDS + _CHARS:
         vocab.setdefault(token, len(vocab))
     if len(vocab) > vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(vocab)} tokens")
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(vocab)} tokens; "
+                         f"give the model a vocab_size of at least {len(vocab)}")
+    for token_id in range(len(vocab), min(vocab_size, MAX_TOKENIZER_VOCAB)):
+        vocab[synthetic_word(token_id)] = token_id
+    return vocab
+
+
+def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> bool:
+    """Write a word-level tokenizer of :func:`tokenizer_vocab` (``vocab_size`` tokens, at most
+    :data:`MAX_TOKENIZER_VOCAB`); returns False when ``tokenizers`` is not installed."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    except ImportError:
+        return False
+    vocab = tokenizer_vocab(vocab_size)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.decoder = decoders.WordPiece(prefix="##")

@@ -50,6 +50,9 @@ def test_server_probes_then_exception_leaves_nothing_running(profile):
             assert all(q["latency_s"] >= q["ttft_s"] > 0 for q in run["requests"])
             # The server counted the same tokens the benchmark sent and received.
             assert after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0) == 32
+            # Prefix-cache lookups: the 4 prompts of 16 tokens (vllm bench serve sends no test request
+            # first: --ready-check-timeout-sec defaults to 0); 16 tokens fill no 128-token CPU block.
+            assert run["prefix_cache"] == {"query_tokens": 4 * 16, "hit_tokens": 0, "hit_rate": 0.0}
             raise RuntimeError("lab cell failed")
     assert pgid is not None and group_pids(pgid) == []
 

@@ -38,7 +38,8 @@ from servebook.batch.requests import BatchRequest
 from servebook.batch.tactics_report import SCHEMA
 from servebook.batch.workload import WorkloadSpec, make_requests
 from servebook.lab.errors import EngineStartError
-#: allowed_token_ids are drawn below this id (inside the small test tokenizer's vocabulary).
+#: allowed_token_ids are drawn below this id: inside the test tokenizer's vocabulary at any size (its
+#: first ~130 ids are the same named tokens whatever the model's vocab_size).
 ALPHABET_BELOW = 100
 
 
@@ -98,8 +99,8 @@ def tactic_requests(profile: Profile, *, loose: bool) -> list[BatchRequest]:
     """
     spec = profile.workload
     rng = random.Random(spec.seed + 1)
-    # vLLM checks allowed_token_ids against the *tokenizer's* size (sampling_params.py), and the
-    # test tokenizer (servebook.tiny_model) has about 140 tokens whatever the model's vocabulary.
+    # vLLM checks allowed_token_ids against the *tokenizer's* size (sampling_params.py); ids below
+    # ALPHABET_BELOW exist in the test tokenizer (servebook.tiny_model) of every model.
     alphabet = rng.sample(range(spec.first_token, ALPHABET_BELOW), profile.alphabet)
     stop_ids = alphabet[profile.keep_going:]
     out = []

@@ -4,7 +4,10 @@ The load generator is vLLM's own (``vllm/benchmarks/serve.py`` of the installed 
 run as a subprocess of the engine's Python with ``--save-result --save-detailed``; its JSON
 holds per-request ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s, one list per
 request) and ``start_times``. :func:`run_bench` returns that JSON (less the generated
-texts) with each request's end-to-end latency added.
+texts) with each request's end-to-end latency added, and the prefix cache's work during the
+load (``/metrics`` scraped before and after). The random dataset means distinct prompts, so the
+hit rate should be near zero (two prompts repeat only when their random start ids coincide);
+a larger rate means the prompts repeated and the cache, not the engine, served them.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from servebook.engine_env import vllm_python
 from servebook.lab.errors import LabError
+from servebook.lab.metrics import delta
 from servebook.lab.server import VllmServer, engine_error_line
 
 #: Summary fields kept from vLLM's result (milliseconds where the name says ``_ms``).
@@ -25,6 +29,22 @@ SUMMARY_KEYS = (
     "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
 )
+
+
+#: The prefix cache's counters (vLLM 0.27.1, ``vllm/v1/metrics/loggers.py``): prompt tokens looked
+#: up, and those found, as requests are admitted.
+PREFIX_CACHE_COUNTERS = {"queries": "vllm:prefix_cache_queries", "hits": "vllm:prefix_cache_hits"}
+
+
+def prefix_cache_delta(before: dict[str, float], after: dict[str, float]) -> dict:
+    """The prefix cache's work between two ``/metrics`` scrapes of one server.
+
+    ``query_tokens`` and ``hit_tokens``: the growth of :data:`PREFIX_CACHE_COUNTERS`;
+    ``hit_rate`` = hits / queries, None when nothing was looked up (caching off, or no request).
+    """
+    queries = delta(before, after, PREFIX_CACHE_COUNTERS["queries"])
+    hits = delta(before, after, PREFIX_CACHE_COUNTERS["hits"])
+    return {"query_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries > 0 else None}
 
 
 def bench_command(server: VllmServer, *, num_prompts: int, input_len: int, output_len: int,
@@ -54,13 +74,15 @@ def run_bench(server: VllmServer, *, num_prompts: int, input_len: int, output_le
 
     Returns a dict with ``summary`` (:data:`SUMMARY_KEYS`), ``requests`` (one dict per request:
     ``input_len``, ``output_len``, ``ttft_s``, ``latency_s`` = TTFT + sum of inter-token gaps,
-    ``start_s`` relative to the first request), ``command`` and ``wall_s``.
+    ``start_s`` relative to the first request), ``command``, ``wall_s`` and ``prefix_cache``
+    (:func:`prefix_cache_delta` over the load: ``/metrics`` is scraped just before and after it).
     Raises :class:`LabError` with the benchmark's own error line when it fails.
     """
     with tempfile.TemporaryDirectory(prefix="servebook-bench-") as tmp:
         cmd = bench_command(server, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                             range_ratio=range_ratio, request_rate=request_rate,
                             max_concurrency=max_concurrency, seed=seed, result_dir=tmp, extra=extra)
+        before = server.metrics()
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=server.env)
         wall = time.monotonic() - t0
@@ -70,7 +92,9 @@ def run_bench(server: VllmServer, *, num_prompts: int, input_len: int, output_le
             raise LabError(f"vllm bench serve failed (status {proc.returncode}): "
                            f"{engine_error_line(out) or out[-1500:]}")
         raw = json.loads(path.read_text())
-    return summarise_bench(raw, command=cmd, wall_s=wall)
+    out = summarise_bench(raw, command=cmd, wall_s=wall)
+    out["prefix_cache"] = prefix_cache_delta(before, server.metrics())
+    return out
 
 
 def summarise_bench(raw: dict, *, command: list[str] | None = None, wall_s: float | None = None) -> dict:
