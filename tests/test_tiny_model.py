@@ -65,3 +65,17 @@ def test_too_small_a_vocabulary_says_what_to_change():
 def test_config_only_directory(tmp_path):
     out = write_model_dir(tmp_path / "m", tokenizer=False)
     assert (out / "config.json").exists() and not (out / "tokenizer.json").exists()
+
+
+def test_tokenizer_size_comes_from_the_decoder_config_with_class_defaults():
+    # google/gemma-3-27b-it's text_config omits vocab_size; transformers' Gemma3TextConfig default
+    # is 262,208, so the written tokenizer must not fall back to the tiny model's 512
+    from servebook.hf_config import load_reference_config
+    from servebook.tiny_model import _decoder_fields, language_model_config
+
+    gemma3 = language_model_config(load_reference_config("gemma-3-27b"))
+    assert "vocab_size" not in gemma3
+    assert _decoder_fields(gemma3)["vocab_size"] == 262_208
+    assert _decoder_fields(load_reference_config("qwen3-32b"))["vocab_size"] == 151_936
+    unknown = {"architectures": ["NoSuchForCausalLM"], "vocab_size": 1000}
+    assert _decoder_fields(unknown)["vocab_size"] == 1000          # raw fields for what servebook cannot read

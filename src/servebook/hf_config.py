@@ -323,6 +323,16 @@ def _text_config(cfg: Mapping, family: str) -> tuple[dict, str]:
     return text, where
 
 
+def decoder_config(cfg: Mapping) -> dict:
+    """The decoder's config as transformers reads it: ``text_config`` of a multimodal wrapper (else
+    the top level), with the fields a published file may omit filled from the config class's
+    defaults (e.g. Gemma 3's ``vocab_size``, 262,208). Raises ConfigError for an unsupported
+    architecture.
+    """
+    _, family = _family(cfg)
+    return _text_config(cfg, family)[0]
+
+
 def _raw_text_config(cfg: Mapping, family: str) -> tuple[dict, str]:
     text = cfg.get("text_config")
     if isinstance(text, Mapping):

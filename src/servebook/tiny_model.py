@@ -108,6 +108,18 @@ def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> bool:
     return True
 
 
+def _decoder_fields(cfg: dict) -> dict:
+    """The decoder's fields with class defaults filled (Gemma 3 omits ``vocab_size``); the raw
+    fields for an architecture servebook does not read."""
+    from servebook.errors import ConfigError
+    from servebook.hf_config import decoder_config
+
+    try:
+        return decoder_config(cfg)
+    except ConfigError:
+        return dict(cfg.get("text_config", cfg))
+
+
 def write_model_dir(out: str | Path, config: dict | None = None, *, tokenizer: bool = True) -> Path:
     """Write ``config.json`` (default: :data:`TINY_LLAMA_CONFIG`) and a tokenizer into ``out``.
 
@@ -119,7 +131,7 @@ def write_model_dir(out: str | Path, config: dict | None = None, *, tokenizer: b
     cfg = dict(config or TINY_LLAMA_CONFIG)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     if tokenizer:
-        text_cfg = cfg.get("text_config", cfg)
+        text_cfg = _decoder_fields(cfg)
         _write_tokenizer(out, int(text_cfg.get("vocab_size", 512)), int(text_cfg.get("max_position_embeddings", 4096)))
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if k in cfg}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
