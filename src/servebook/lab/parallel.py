@@ -307,6 +307,13 @@ def sum_metric_deltas(befores: Sequence[dict], afters: Sequence[dict], names: Se
     return {n: sum(delta(b, a, n) for b, a in zip(befores, afters)) for n in names}
 
 
+def mean_engine_itl_s(metrics_delta: dict) -> float | None:
+    """Mean seconds between a request's tokens as the engine timed them, over a load
+    (``vllm:inter_token_latency_seconds`` sum / count growth); None when no gap was counted."""
+    count = metrics_delta.get("vllm:inter_token_latency_seconds_count") or 0
+    return metrics_delta["vllm:inter_token_latency_seconds_sum"] / count if count else None
+
+
 def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
     """Tokens/s the engine(s) emitted while every request of the saturation load decoded at once.
 
@@ -316,13 +323,11 @@ def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
     preemption), or the counters are missing.
     """
     runs = point["saturated"]["runs"]
-    d = point["metrics_delta"]
-    count = d.get("vllm:inter_token_latency_seconds_count") or 0
-    if not count or d.get("vllm:num_preemptions"):
+    mean_itl_s = mean_engine_itl_s(point["metrics_delta"])
+    if mean_itl_s is None or point["metrics_delta"].get("vllm:num_preemptions"):
         return None
     if any(len(run["requests"]) > max_num_seqs for run in runs):
         return None
-    mean_itl_s = d["vllm:inter_token_latency_seconds_sum"] / count
     return sum(len(run["requests"]) for run in runs) / mean_itl_s
 
 
@@ -392,7 +397,7 @@ def comparison_rows(measurements: dict, spec: ModelSpec) -> tuple[list[dict], li
             spec, gib, tp=tp, max_model_len=w["max_model_len"],
             max_num_batched_tokens=w["max_num_batched_tokens"])["kv_cache_tokens"]
         sat, light, d = p["saturated"]["summary"], p["light"]["summary"], p["metrics_delta"]
-        itl_n = d.get("vllm:inter_token_latency_seconds_count") or 0
+        itl_s = mean_engine_itl_s(d)
         rows.append({
             "config": p["config"],
             "KV GiB/GPU log": gib, "KV GiB pred": round(pred["available_kv_gib"], 2),
@@ -404,8 +409,7 @@ def comparison_rows(measurements: dict, spec: ModelSpec) -> tuple[list[dict], li
             "TTFT pred": round(pred["single_stream_ttft_s"] * 1e3, 1),
             "out tok/s": round(sat["output_throughput"]), "tok/s pred": round(pred["output_tokens_per_s"]),
             "mean TTFT ms (saturated)": round(sat["mean_ttft_ms"]),
-            "engine ITL ms (saturated)": round(d["vllm:inter_token_latency_seconds_sum"] / itl_n * 1e3, 2)
-            if itl_n else None,
+            "engine ITL ms (saturated)": None if itl_s is None else round(itl_s * 1e3, 2),
             "client TPOT ms (saturated)": round(sat["mean_tpot_ms"], 1),
             "engine tok/s (saturated)": None if (rate := engine_decode_tok_s(p, w["max_num_seqs"])) is None
             else round(rate),

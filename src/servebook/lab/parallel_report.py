@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from servebook.lab.errors import LabError
-from servebook.lab.parallel import comparison_rows, engine_decode_tok_s
+from servebook.lab.parallel import comparison_rows, engine_decode_tok_s, mean_engine_itl_s
 from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded, logged_prefix_hit_pct
 from servebook.model_spec import ModelSpec
 
@@ -133,14 +133,15 @@ def saturation_rows(view: dict) -> list[dict]:
     rows = []
     for p in view["measurements"]["points"]:
         sat, d = p["saturated"]["summary"], p["metrics_delta"]
-        itl_ms = d["vllm:inter_token_latency_seconds_sum"] / d["vllm:inter_token_latency_seconds_count"] * 1e3
+        itl_s = mean_engine_itl_s(d)
+        itl_ms = None if itl_s is None else itl_s * 1e3
         engine = engine_decode_tok_s(p, w["max_num_seqs"])
         rows.append({
             "config": p["config"], "servers": len(p["saturated"]["runs"]),
             "client out tok/s": round(sat["output_throughput"]),
             "client TPOT ms": round(sat["mean_tpot_ms"], 1),
-            "engine ITL ms": round(itl_ms, 1),
-            "client/engine": round(sat["mean_tpot_ms"] / itl_ms, 2),
+            "engine ITL ms": None if itl_ms is None else round(itl_ms, 1),
+            "client/engine": None if itl_ms is None else round(sat["mean_tpot_ms"] / itl_ms, 2),
             "engine decode tok/s": None if engine is None else round(engine),
             "prefix hits % (log)": saturated_prefix_hit_pct(p),
         })
