@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 
 from servebook.lab import LabError  # noqa: E402
 from servebook.lab import speculative_report as S  # noqa: E402
+from lab_pages import lab_note, lab_text  # noqa: E402
 from servebook.lab.recorded import load_recorded, provenance, recorded_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,13 +200,11 @@ def test_missing_baseline_or_bad_max_tokens_is_refused(doc):
 # ---- the lab page's note and profile paragraph quote the file --------------------------------
 
 def _lab_text() -> str:
-    return " ".join((ROOT / "labs" / "l7_speculative.md").read_text().split())
+    return lab_text("l7_speculative")
 
 
 def _note() -> str:
-    text = (ROOT / "labs" / "l7_speculative.md").read_text()
-    start = text.index("```{note}")
-    return " ".join(text[start:text.index("```", start + 3)].split())
+    return lab_note("l7_speculative")
 
 
 def test_lab_note_names_the_recorded_run_and_links_the_results_page():

@@ -18,6 +18,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.batch import tactics_report as T  # noqa: E402
+from lab_pages import lab_note  # noqa: E402
 from servebook.lab.errors import EngineStartError, LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,9 +167,7 @@ def test_no_recorded_file_says_how_to_record_one(tmp_path, monkeypatch):
 # ---- the lab page's note quotes the file (labs are not executed: no glue) --------------------
 
 def _note() -> str:
-    text = (ROOT / "labs" / "l8_batch_tactics.md").read_text()
-    start = text.index("```{note}")
-    return " ".join(text[start:text.index("```", start + 3)].split())
+    return lab_note("l8_batch_tactics")
 
 
 def test_lab_note_names_the_recorded_run_and_its_numbers():

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 
 from servebook.hf_config import load_model_spec  # noqa: E402
 from servebook.lab import parallel_report as R  # noqa: E402
+from lab_pages import lab_note, lab_text  # noqa: E402
 from servebook.lab.errors import LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,8 +178,7 @@ def test_recorded_hit_rates_show_the_repeated_random_prompts():
 
 
 def test_lab_page_note_quotes_the_files():
-    text = (ROOT / "labs" / "l9_tp_vs_dp.md").read_text()
-    note = text[text.index("```{note}"):text.index("```", text.index("```{note}") + 3)]
+    note = lab_note("l9_tp_vs_dp")
     dense = {r["config"]: r for r in R.capacity_rows(R.load_l9(DENSE), load_model_spec(DENSE))}
     single = {r["config"]: r for r in R.single_stream_rows(R.load_l9(DENSE), load_model_spec(DENSE))}
     assert f"{dense['TP=2']['KV tokens logged']:,}" in note and f"{dense['TP=1']['KV tokens logged']:,}" in note
@@ -188,5 +188,5 @@ def test_lab_page_note_quotes_the_files():
 
 def test_lab_text_quotes_the_recorded_delivery_lag():
     lags = [r["client/engine"] for m in (DENSE, MOE) for r in R.saturation_rows(R.load_l9(m)) if r["servers"] == 1]
-    text = " ".join((ROOT / "labs" / "l9_tp_vs_dp.md").read_text().split())
+    text = lab_text("l9_tp_vs_dp")
     assert f"they were {min(lags):.1f}–{max(lags):.1f} times slower for every single server" in text

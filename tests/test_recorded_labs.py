@@ -15,6 +15,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.lab import LabError  # noqa: E402
+from lab_pages import lab_note  # noqa: E402
 from servebook.lab import recorded as R  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,16 +278,10 @@ def test_other_bad_files_give_clear_errors(tmp_path):
 
 # ---- the lab pages' notes quote the recorded files (the labs are not executed: no glue) ------
 
-def _note(lab: str) -> str:
-    text = (ROOT / "labs" / f"{lab}.md").read_text()
-    start = text.index("```{note}")
-    return " ".join(text[start:text.index("```", start + 3)].split())
-
-
 @pytest.mark.parametrize("lab", LABS)
 def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
     doc = raw(lab)
-    note = _note(lab)
+    note = lab_note(lab)
     assert "Not yet recorded" not in note
     assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
     assert "<recorded_results>" in note and f"{lab}_gpu.json" in note
@@ -295,28 +290,28 @@ def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
 def test_lab_notes_headline_numbers_match_the_files():
     l1 = raw("l1_memory_budget")["measurements"]["points"]
     r1 = [p["engine"]["kv_cache_tokens"] / p["prediction"]["kv_cache_tokens"] for p in l1]
-    assert f"over {len(l1)} engine starts" in _note("l1_memory_budget")
-    assert f"{min(r1):.3f}–{max(r1):.3f} times" in _note("l1_memory_budget")
+    assert f"over {len(l1)} engine starts" in lab_note("l1_memory_budget")
+    assert f"{min(r1):.3f}–{max(r1):.3f} times" in lab_note("l1_memory_budget")
     m2 = raw("l2_paged_continuous")["measurements"]
     reqs = m2["vllm"]["requests"]
     v = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
     h = m2["static_baseline"]["output_tokens"] / m2["static_baseline"]["wall_s"]
-    assert f"same {len(reqs)} requests vLLM served {v / h:.1f}x" in _note("l2_paged_continuous")
-    assert f"(batch {m2['static_baseline']['batch_size']})" in _note("l2_paged_continuous")
+    assert f"same {len(reqs)} requests vLLM served {v / h:.1f}x" in lab_note("l2_paged_continuous")
+    assert f"(batch {m2['static_baseline']['batch_size']})" in lab_note("l2_paged_continuous")
     m3 = raw("l3_preemption")["measurements"]
     pre = {p["max_num_seqs"]: p["preemptions"] for p in m3["points"]}
     assert pre[48] == 0 and (f"no preemptions at `--max-num-seqs` 48 and {pre[128]:.0f} at 128 "
-                             f"(predicted knee: {m3['predicted_knee']})") in _note("l3_preemption")
-    assert f"pool of {m3['workload']['num_gpu_blocks_override']:,} blocks" in _note("l3_preemption")
+                             f"(predicted knee: {m3['predicted_knee']})") in lab_note("l3_preemption")
+    assert f"pool of {m3['workload']['num_gpu_blocks_override']:,} blocks" in lab_note("l3_preemption")
     e = raw("l4_fp8_kv")["measurements"]["engines"]
     tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
-    note = _note("l4_fp8_kv")
+    note = lab_note("l4_fp8_kv")
     assert f"fp8 held {e['fp8']['kv_cache_tokens'] / e['auto']['kv_cache_tokens']:.2f}x the tokens" in note
     assert (f"preempted {e['auto']['preemptions']:.0f} times, the fp8 one {e['fp8']['preemptions']:.0f}, "
             f"and fp8 served {tput['fp8'] / tput['auto']:.2f}x") in note
     m5 = raw("l5_chunked_prefill")["measurements"]
     r5 = {(r["chunking"], r["budget"]): r for r in R.l5_table(m5)}
-    note = _note("l5_chunked_prefill")
+    note = lab_note("l5_chunked_prefill")
     assert (f"gave one {r5[('off', 8192)]['worst ITL ms measured']:.0f} ms gap with chunking off and "
             f"{r5[('on', 1024)]['worst ITL ms measured']:.1f} ms at a budget of 1,024") in note
     assert (f"at 128 a chunked step took {r5[('on', 128)]['step ms engine']:.1f} ms in the engine's log against "
@@ -327,7 +322,7 @@ def test_lab_notes_headline_numbers_match_the_files():
     m6 = raw("l6_prefix_caching")["measurements"]
     s6 = {(r["workload"], r["caching"]): r for r in R.l6_serving_table(m6)}
     o6 = {r["order"]: r for r in R.l6_offline_table(m6)}
-    note = _note("l6_prefix_caching")
+    note = lab_note("l6_prefix_caching")
     assert f"hit rate {s6[('system', 'on')]['hit rate']:.3f} for the shared system prompt" in note
     assert (f"caching cut the mean TTFT {s6[('system', 'off')]['mean TTFT ms'] / s6[('system', 'on')]['mean TTFT ms']:.1f}x"
             f" and raised output throughput "
