@@ -332,7 +332,7 @@ def l6_serving_table(measurements: dict) -> list[dict]:
             s = r["summary"]
             rows.append({"workload": name, "caching": caching, "queried tokens": r["queries"],
                          "hit tokens": r["hits"],
-                         "hit rate": r["hits"] / r["queries"] if r["queries"] else None,
+                         "hit rate": ratio(r["hits"], r["queries"]),
                          "predicted hit rate": pred["hit_rate"] if caching == "on" else 0.0,
                          "mean TTFT ms": s["mean_ttft_ms"], "p99 TTFT ms": s["p99_ttft_ms"],
                          "output tok/s": s["output_throughput"]})
@@ -345,7 +345,7 @@ def l6_offline_table(measurements: dict) -> list[dict]:
     for order, r in measurements["engines"]["on"]["offline"].items():
         pred = measurements["offline_predicted"][order]
         rows.append({"order": order, "queried tokens": r["queries"], "hit tokens": r["hits"],
-                     "hit rate": r["hits"] / r["queries"] if r["queries"] else None,
+                     "hit rate": ratio(r["hits"], r["queries"]),
                      "predicted (this pool)": pred["pool"]["hit_rate"],
                      "predicted (unlimited cache)": pred["unlimited"]["hit_rate"],
                      "wall s": r["wall_s"], "requests": r["requests"]})
