@@ -6,6 +6,9 @@ same functions on the saved files, so a lab and the page that renders its record
 same table from one code path.
 
 * :func:`load_recorded` — one result file, schema and provenance checked.
+* :func:`recorded_path` — the file the book renders for a lab (``labs/results/labs/<lab>_gpu.json``);
+  :func:`previous_path` — the recording it replaced, kept unedited in ``labs/results/raw/``
+  (:data:`PREVIOUS_RECORDINGS` names them); :func:`recording_changes` — what changed between the two.
 * :func:`provenance` — the header a page prints: GPU, driver, vLLM version, date, model shape.
 * ``l1_table`` / ``l2_summary`` / ``l3_table`` / ``l4_table`` / ``l5_table`` / ``l6_serving_table`` /
   ``l6_offline_table`` — the labs' comparison tables (lists of dicts, for
@@ -39,9 +42,31 @@ LABS = ("l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv",
 _GPU_FIELDS = ("name", "count", "driver")
 
 
+#: Where superseded recordings are kept, unedited, under their date (``<lab>_gpu-<date>.json``).
+RAW_DIR = REPO_ROOT / "labs" / "results" / "raw"
+#: The rule for re-recordings: the newest run of a lab is ``labs/results/labs/<lab>_gpu.json`` (what
+#: the book renders); the run it replaced moves to ``labs/results/raw/`` under the date of its run.
+#: This names, per re-recorded lab, the file it replaced (the results page compares the two).
+PREVIOUS_RECORDINGS = {
+    "l2_paged_continuous": "l2_paged_continuous_gpu-2026-11-30.json",
+    "l4_fp8_kv": "l4_fp8_kv_gpu-2026-11-30.json",
+}
+
+
 def recorded_path(lab: str, profile: str = "gpu") -> Path:
-    """``labs/results/labs/<lab>_<profile>.json``."""
+    """``labs/results/labs/<lab>_<profile>.json``: the recording the book renders."""
     return RECORDED_DIR / f"{lab}_{profile}.json"
+
+
+def previous_path(lab: str) -> Path:
+    """The recording of ``lab`` that :func:`recorded_path` replaced (``labs/results/raw/...``).
+
+    Raises :class:`LabError` for a lab that has not been re-recorded.
+    """
+    if lab not in PREVIOUS_RECORDINGS:
+        raise LabError(f"{lab!r} has not been re-recorded: no previous recording is named in "
+                       f"PREVIOUS_RECORDINGS (re-recorded: {', '.join(PREVIOUS_RECORDINGS)})")
+    return RAW_DIR / PREVIOUS_RECORDINGS[lab]
 
 
 def read_checked_document(path: str | Path, *, schema: str, required: tuple[str, ...], what: str,
@@ -151,6 +176,93 @@ def engine_logs(measurements) -> list[str]:
     if isinstance(measurements, list):
         return [log for v in measurements for log in engine_logs(v)]
     return [measurements] if isinstance(measurements, str) and "Prefix cache hit rate" in measurements else []
+
+
+def bench_prefix_caches(measurements) -> list[dict]:
+    """Every ``prefix_cache`` record (:func:`servebook.lab.bench.prefix_cache_delta`) in a lab's
+    measurements, in the order found: one per ``vllm bench serve`` load. Empty for recordings made
+    before the harness kept them."""
+    if isinstance(measurements, dict):
+        own = [measurements["prefix_cache"]] if isinstance(measurements.get("prefix_cache"), dict) else []
+        return own + [r for k, v in measurements.items() if k != "prefix_cache" for r in bench_prefix_caches(v)]
+    if isinstance(measurements, list):
+        return [r for v in measurements for r in bench_prefix_caches(v)]
+    return []
+
+
+def load_hit_pct(doc: dict) -> tuple[float | None, str]:
+    """(the highest prefix-cache hit rate of a recording's loads, %; how it was read).
+
+    From the ``prefix_cache`` counters when the file has them (hits / queries over each load),
+    else the highest rate the engines logged (:func:`logged_prefix_hit_pct`, the older files).
+    """
+    rates = [r["hit_rate"] for r in bench_prefix_caches(doc["measurements"]) if r.get("hit_rate") is not None]
+    if rates:
+        return max(rates) * 100, "counters"
+    return logged_prefix_hit_pct(engine_logs(doc["measurements"])), "engine log"
+
+
+def _l2_quantities(m: dict) -> dict[str, float]:
+    s = l2_summary(m)
+    return {"vLLM output tok/s": s["vllm_output_throughput"], "HF static output tok/s": s["static_output_throughput"],
+            "vLLM / static output throughput": s["speedup"],
+            "vLLM mean inter-token latency ms (clients)": m["vllm"]["summary"]["mean_itl_ms"]}
+
+
+def _l3_quantities(m: dict) -> dict[str, float]:
+    out = {"first max-num-seqs that preempted": first_preempting(m["points"])}
+    for p in m["points"]:
+        out[f"output tok/s at max-num-seqs {p['max_num_seqs']}"] = p["output_throughput"]
+    return out
+
+
+def _l4_quantities(m: dict) -> dict[str, float]:
+    dtypes, e = m["workload"]["kv_dtypes"], m["engines"]
+    out = {}
+    for d in dtypes:
+        out[f"{d}: output tok/s"] = e[d]["bench"]["summary"]["output_throughput"]
+        out[f"{d}: preemptions"] = e[d]["preemptions"]
+        out[f"{d}: mean TPOT ms"] = e[d]["bench"]["summary"]["mean_tpot_ms"]
+    out[f"{dtypes[1]} / {dtypes[0]} output throughput"] = l4_ratios(dtypes, e)[1]
+    return out
+
+
+#: The quantities :func:`recording_changes` compares, per lab (each from the lab's measurements).
+CHANGE_QUANTITIES = {"l2_paged_continuous": _l2_quantities, "l3_preemption": _l3_quantities,
+                     "l4_fp8_kv": _l4_quantities}
+#: What must be the same in two recordings for their difference to be read as the prompts'.
+_SAME = (("GPU", lambda d: d["gpu"]["name"]), ("driver", lambda d: d["gpu"]["driver"]),
+         ("vLLM", lambda d: d["vllm_version"]), ("model config", lambda d: d["config_sha256"]),
+         ("flags", lambda d: d["engine_args"]), ("workload", lambda d: d["measurements"]["workload"]))
+
+
+def recording_changes(before: dict, after: dict) -> list[dict]:
+    """What changed between two recordings of one lab: one row per quantity.
+
+    Rows: ``quantity``, ``before``, ``after``, ``after/before`` (None when ``before`` is 0 or
+    None), plus a first row with the highest prefix-cache hit rate of each (%, see
+    :func:`load_hit_pct`; its ``how`` says where it was read). Raises :class:`LabError` when the
+    two are of different labs, when the lab has no quantities here (:data:`CHANGE_QUANTITIES`), or
+    when GPU, driver, vLLM release, model config, flags or workload differ (then the difference is
+    not the prompts' alone).
+    """
+    lab = after["lab"]
+    if before["lab"] != lab:
+        raise LabError(f"cannot compare a recording of {before['lab']!r} with one of {lab!r}")
+    if lab not in CHANGE_QUANTITIES:
+        raise LabError(f"no quantities to compare for {lab!r}; known: {', '.join(CHANGE_QUANTITIES)}")
+    differ = [name for name, get in _SAME if get(before) != get(after)]
+    if differ:
+        raise LabError(f"the two recordings of {lab} differ in {', '.join(differ)}: their numbers are not "
+                       "comparable as a re-recording of the same lab")
+    (hit_b, how_b), (hit_a, how_a) = load_hit_pct(before), load_hit_pct(after)
+    rows = [{"quantity": "highest prefix-cache hit rate of a load, %", "before": hit_b, "after": hit_a,
+             "after/before": None, "how": f"{how_b} / {how_a}"}]
+    qb, qa = CHANGE_QUANTITIES[lab](before["measurements"]), CHANGE_QUANTITIES[lab](after["measurements"])
+    for name, b in qb.items():
+        a = qa.get(name)
+        rows.append({"quantity": name, "before": b, "after": a, "after/before": ratio(a, b), "how": ""})
+    return rows
 
 
 # ---- L1: the memory budget ---------------------------------------------------------------------
