@@ -169,6 +169,13 @@ def logged_prefix_hit_pct(logs, *, min_running: int = 2) -> float | None:
     return max(rates) if rates else None
 
 
+def logged_max_running(log: str) -> int | None:
+    """The most requests running at once in an engine log's periodic stats lines (``Running: N reqs``,
+    one line every 10 s, so a sample, not every step); None when the log has no such line."""
+    counts = [int(m) for m in _RUNNING.findall(log)]
+    return max(counts) if counts else None
+
+
 def engine_logs(measurements) -> list[str]:
     """Every engine log kept in a lab's measurements (any string value holding vLLM's stats line)."""
     if isinstance(measurements, dict):
