@@ -70,11 +70,13 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
   l1 memory budget   4 LLM() starts with CUDA graphs (8192/0.9/auto, 32768/0.9/auto,
                      8192/0.5/auto, 8192/0.9/fp8) + 1 refused start   292 s measured
   l2 paged vs static 1 vllm serve (graphs) + bench 256 prompts (512 in/256 out, +-90%)
-                     + HF transformers generate, batches of 32, same lengths   353 s measured
+                     + HF transformers generate, batches of 32, same lengths   365 s (2026-12-01)
   l3 preemption      4 vllm serve, eager, max-num-seqs 16/48/128/256, 2048 blocks,
-                     bench 512 prompts (512 in/128 out) at each        435 s measured
+                     bench 512 prompts (512 in/128 out) at each        435 s with repeated prompts;
+                     with distinct prompts (2026-12-01) > 570 s: max-num-seqs 16 alone took 238 s,
+                     so the run was cut and saved nothing; split the sweep before re-running it
   l4 fp8 KV          2 vllm serve (graphs, utilisation 0.25), auto vs fp8,
-                     bench 512 prompts (1024 in/256 out) each          442 s measured
+                     bench 512 prompts (1024 in/256 out) each          286 s (2026-12-01)
   l5 chunked prefill 4 vllm serve (graphs), chunking off + budgets 1024/256/128,
                      32 decodes + one 8000-token prompt, 3 repeats each  340 s measured
                      (now 5 engines: budget 2048 added, ~85 s more; the deadline guards it)
