@@ -4,8 +4,9 @@
 check is private and needs torch). Here, in the vLLM environment, vLLM's own
 ``cpu_attn._get_attn_isa`` is asked to pick a kernel for an fp8 KV cache: it raises its
 ``NotImplementedError`` exactly when the probe says no. The torch functions it calls are
-compared flag by flag too, so a torch release that changes what "AVX-512" means shows up here.
-No engine starts.
+compared flag by flag too, so a torch release that changes what "AVX-512" means shows up here;
+with those functions patched to False, vLLM raises the message the probe quotes and still picks a
+kernel for a bf16 cache. No engine starts.
 """
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ try:
     out["error"] = None
 except NotImplementedError as err:
     out["isa"], out["error"] = None, str(err)
+# The same function on a CPU torch says has neither (what a CPU without AVX-512 or AMX gives it).
+from unittest import mock
+with mock.patch.object(torch.cpu, "_is_avx512_supported", lambda: False), \
+        mock.patch.object(torch.cpu, "_is_amx_tile_supported", lambda: False):
+    try:
+        _get_attn_isa(torch.bfloat16, 128, 64, "fp8")
+        out["error_without"] = None
+    except NotImplementedError as err:
+        out["error_without"] = str(err)
+    out["isa_without_auto"] = _get_attn_isa(torch.bfloat16, 128, 64, "auto")   # bf16 KV still has a kernel
 print("SERVEBOOK_FP8_ISA " + json.dumps(out))
 """
 
@@ -43,6 +54,9 @@ def test_probe_agrees_with_vllm_own_fp8_kv_check(vllm_probe, tmp_path, monkeypat
     assert probe.ok == (vllm["error"] is None), (probe, vllm)
     if vllm["error"] is not None:
         assert vllm["error"] == VLLM_ERROR
+    # Without AVX-512 and AMX vLLM stops with the message the probe quotes; a bf16 cache gets a kernel.
+    assert vllm["error_without"] == VLLM_ERROR
+    assert vllm["isa_without_auto"] == "vec"
     flags = set(read_cpu_flags() or ())
-    assert vllm["avx512"] == set(AVX512_FLAGS) <= flags
+    assert vllm["avx512"] == (set(AVX512_FLAGS) <= flags)
     assert vllm["amx"] == (AMX_FLAG in flags)
