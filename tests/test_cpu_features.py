@@ -146,3 +146,21 @@ def test_l4_table_ratios_and_plot_with_the_fp8_engine_skipped():
     assert R.l4_ratios(["auto", "fp8"], engines) == (None, None)
     fig = R.plot_l4({"workload": {"kv_dtypes": ["auto", "fp8"]}, "predictions": predictions, "engines": engines})
     assert "(skipped)" in fig.axes[0].get_xticklabels()[1].get_text()
+
+
+# ---- the fixture recorder does not overwrite the fp8 fixture with a failed start -----------------
+
+def test_fixture_recorder_keeps_the_fp8_folder_on_a_cpu_without_it(monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "startup_logs" / "record.py"
+    spec = importlib.util.spec_from_file_location("servebook_record_fixtures", path)
+    record = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record)
+    log = path.parent / "cpu-tiny-llama-fp8" / "startup.log"
+    before = log.read_bytes()
+    monkeypatch.setenv(FAKE_FLAGS_ENV, "avx2")
+    assert record.record("cpu-tiny-llama-fp8") is None      # returned before any engine or file write
+    assert log.read_bytes() == before
+    assert fp8_kv_cache_support().reason in capsys.readouterr().err
