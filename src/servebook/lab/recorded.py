@@ -164,7 +164,7 @@ def l1_table(points: list[dict]) -> list[dict]:
             engine did not start), and ``skipped`` (the reason, when the lab did not start it:
             an fp8 KV cache on a CPU without AVX-512 or AMX).
 
-    Rows get a ``skipped`` column (True/False) only when some point was skipped, so tables of
+    Rows get a ``skipped`` column ("yes"/"no") only when some point was skipped, so tables of
     runs that started every point (the recorded GPU runs) are unchanged.
     """
     rows = []
@@ -180,7 +180,7 @@ def l1_table(points: list[dict]) -> list[dict]:
             "engine/predicted": ratio(tokens, pred["kv_cache_tokens"]),
         })
         if any_skipped:
-            rows[-1]["skipped"] = bool(p.get("skipped"))
+            rows[-1]["skipped"] = "yes" if p.get("skipped") else "no"
     return rows
 
 
@@ -266,7 +266,7 @@ def l4_table(kv_dtypes: list[str], predictions: dict, engines: dict) -> list[dic
     output throughput (tokens/s), mean TPOT (ms).
 
     A dtype the lab did not start (``engines[d]["skipped"]``: its reason) has None in the engine
-    columns; rows get a ``skipped`` column (True/False) only when some dtype was skipped.
+    columns; rows get a ``skipped`` column ("yes"/"no") only when some dtype was skipped.
     """
     rows = []
     any_skipped = any(engines[d].get("skipped") for d in kv_dtypes)
@@ -282,7 +282,7 @@ def l4_table(kv_dtypes: list[str], predictions: dict, engines: dict) -> list[dic
                          "preemptions": r["preemptions"], "output tok/s": s["output_throughput"],
                          "mean TPOT ms": s["mean_tpot_ms"]})
         if any_skipped:
-            rows[-1]["skipped"] = bool(r.get("skipped"))
+            rows[-1]["skipped"] = "yes" if r.get("skipped") else "no"
     return rows
 
 
@@ -399,7 +399,7 @@ def plot_l1(points: list[dict], doc: dict | None = None):
     ax.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted (servebook)")
     ax.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
     ax.set_xticks(list(xs), [f"len {r['max_model_len']:,}\nutil {r['util']}\n{r['kv dtype']}"
-                             + ("\n(skipped)" if r.get("skipped") else "") for r in rows], fontsize=8)
+                             + ("\n(skipped)" if r.get("skipped") == "yes" else "") for r in rows], fontsize=8)
     ax.set_xlabel("start (--max-model-len, --gpu-memory-utilization, --kv-cache-dtype)")
     ax.set_ylabel("KV cache, thousand tokens")
     ax.set_title(figure_title(doc, "KV cache size: predicted vs engine"), fontsize=9)
@@ -463,7 +463,7 @@ def plot_l4(measurements: dict, doc: dict | None = None):
     xs = range(len(rows))
     a.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted")
     a.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
-    labels = [d + ("\n(skipped)" if r.get("skipped") else "") for d, r in zip(dtypes, rows)]
+    labels = [d + ("\n(skipped)" if r.get("skipped") == "yes" else "") for d, r in zip(dtypes, rows)]
     a.set_xticks(list(xs), labels)
     a.set_xlabel("--kv-cache-dtype")
     a.set_ylabel("KV cache, thousand tokens")
