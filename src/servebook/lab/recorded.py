@@ -280,9 +280,14 @@ def l1_table(points: list[dict]) -> list[dict]:
     Args:
         points: ``measurements["points"]``: each with ``point`` (max_model_len,
             gpu_memory_utilization, kv_cache_dtype), ``prediction`` and ``engine`` (None when the
-            engine did not start).
+            engine did not start), and ``skipped`` (the reason, when the lab did not start it:
+            an fp8 KV cache on a CPU without AVX-512 or AMX).
+
+    Rows get a ``skipped`` column ("yes"/"no") only when some point was skipped, so tables of
+    runs that started every point (the recorded GPU runs) are unchanged.
     """
     rows = []
+    any_skipped = any(p.get("skipped") for p in points)
     for p in points:
         pred, eng, at = p["prediction"], p.get("engine"), p["point"]
         tokens = eng["kv_cache_tokens"] if eng else None
@@ -293,6 +298,8 @@ def l1_table(points: list[dict]) -> list[dict]:
             "tokens predicted": pred["kv_cache_tokens"], "tokens engine": tokens,
             "engine/predicted": ratio(tokens, pred["kv_cache_tokens"]),
         })
+        if any_skipped:
+            rows[-1]["skipped"] = "yes" if p.get("skipped") else "no"
     return rows
 
 
@@ -375,21 +382,37 @@ def first_preempting(points: list[dict]) -> int | None:
 
 def l4_table(kv_dtypes: list[str], predictions: dict, engines: dict) -> list[dict]:
     """Lab 4's comparison, one row per KV dtype: predicted and engine KV tokens, preemptions,
-    output throughput (tokens/s), mean TPOT (ms)."""
+    output throughput (tokens/s), mean TPOT (ms).
+
+    A dtype the lab did not start (``engines[d]["skipped"]``: its reason) has None in the engine
+    columns; rows get a ``skipped`` column ("yes"/"no") only when some dtype was skipped.
+    """
     rows = []
+    any_skipped = any(engines[d].get("skipped") for d in kv_dtypes)
     for d in kv_dtypes:
         r, p = engines[d], predictions[d]
-        s = r["bench"]["summary"]
-        rows.append({"kv dtype": d, "tokens predicted": p["kv_cache_tokens"], "tokens engine": r["kv_cache_tokens"],
-                     "engine/predicted": ratio(r["kv_cache_tokens"], p["kv_cache_tokens"]),
-                     "preemptions": r["preemptions"], "output tok/s": s["output_throughput"],
-                     "mean TPOT ms": s["mean_tpot_ms"]})
+        if r.get("skipped"):
+            rows.append({"kv dtype": d, "tokens predicted": p["kv_cache_tokens"], "tokens engine": None,
+                         "engine/predicted": None, "preemptions": None, "output tok/s": None, "mean TPOT ms": None})
+        else:
+            s = r["bench"]["summary"]
+            rows.append({"kv dtype": d, "tokens predicted": p["kv_cache_tokens"], "tokens engine": r["kv_cache_tokens"],
+                         "engine/predicted": ratio(r["kv_cache_tokens"], p["kv_cache_tokens"]),
+                         "preemptions": r["preemptions"], "output tok/s": s["output_throughput"],
+                         "mean TPOT ms": s["mean_tpot_ms"]})
+        if any_skipped:
+            rows[-1]["skipped"] = "yes" if r.get("skipped") else "no"
     return rows
 
 
-def l4_ratios(kv_dtypes: list[str], engines: dict) -> tuple[float, float]:
-    """(second dtype's KV tokens / first's, second's output throughput / first's)."""
+def l4_ratios(kv_dtypes: list[str], engines: dict) -> tuple[float, float] | tuple[None, None]:
+    """(second dtype's KV tokens / first's, second's output throughput / first's).
+
+    (None, None) when either engine was skipped (not started on this CPU).
+    """
     base, other = engines[kv_dtypes[0]], engines[kv_dtypes[1]]
+    if base.get("skipped") or other.get("skipped"):
+        return None, None
     return (other["kv_cache_tokens"] / base["kv_cache_tokens"],
             other["bench"]["summary"]["output_throughput"] / base["bench"]["summary"]["output_throughput"])
 
@@ -494,8 +517,8 @@ def plot_l1(points: list[dict], doc: dict | None = None):
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted (servebook)")
     ax.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
-    ax.set_xticks(list(xs), [f"len {r['max_model_len']:,}\nutil {r['util']}\n{r['kv dtype']}" for r in rows],
-                  fontsize=8)
+    ax.set_xticks(list(xs), [f"len {r['max_model_len']:,}\nutil {r['util']}\n{r['kv dtype']}"
+                             + ("\n(skipped)" if r.get("skipped") == "yes" else "") for r in rows], fontsize=8)
     ax.set_xlabel("start (--max-model-len, --gpu-memory-utilization, --kv-cache-dtype)")
     ax.set_ylabel("KV cache, thousand tokens")
     ax.set_title(figure_title(doc, "KV cache size: predicted vs engine"), fontsize=9)
@@ -558,13 +581,14 @@ def plot_l4(measurements: dict, doc: dict | None = None):
     fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.4))
     xs = range(len(rows))
     a.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted")
-    a.bar([x + 0.2 for x in xs], [r["tokens engine"] / 1e3 for r in rows], 0.4, label="engine log")
-    a.set_xticks(list(xs), dtypes)
+    a.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
+    labels = [d + ("\n(skipped)" if r.get("skipped") == "yes" else "") for d, r in zip(dtypes, rows)]
+    a.set_xticks(list(xs), labels)
     a.set_xlabel("--kv-cache-dtype")
     a.set_ylabel("KV cache, thousand tokens")
     a.legend(fontsize=8)
-    b.bar(list(xs), [r["output tok/s"] for r in rows], color="C2")
-    b.set_xticks(list(xs), dtypes)
+    b.bar(list(xs), [r["output tok/s"] or 0 for r in rows], color="C2")
+    b.set_xticks(list(xs), labels)
     b.set_xlabel("--kv-cache-dtype")
     b.set_ylabel("output throughput, tokens/s")
     fig.suptitle(figure_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
