@@ -85,14 +85,12 @@ def run(args) -> int:
     if num_blocks is None:
         num_blocks = 4096
         if isinstance(step_model, PerfStepTime):
-            from servebook.commands.plan import make_plan
-            from servebook.kv_cache import usable_kv_blocks
+            from servebook.simulator.sizing import planned_num_blocks
 
-            plan = make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
-                             kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
-                             max_num_batched_tokens=args.max_num_batched_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization)
-            num_blocks = usable_kv_blocks(plan.capacity.num_gpu_blocks)
+            num_blocks = planned_num_blocks(args.config, args.gpu, tp=args.tp, max_model_len=args.max_model_len,
+                                            kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+                                            max_num_batched_tokens=args.max_num_batched_tokens,
+                                            gpu_memory_utilization=args.gpu_memory_utilization)
             step_note += f"; {num_blocks} KV blocks from the memory model"
     config = SchedulerConfig(
         num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,

@@ -83,7 +83,7 @@ def naive_kv_gib_per_sequence(model: str, context: int, kv_cache_dtype: str = "a
 
 
 def _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization):
-    from servebook.commands.plan import make_plan
+    from servebook.plan import make_plan
 
     return make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
                      gpu_memory_utilization=gpu_memory_utilization)
