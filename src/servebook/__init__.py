@@ -7,6 +7,7 @@ concept:
     model_spec    what a model is, as the calculators see it (dataclasses)
     hf_config     config.json -> ModelSpec, with parameter counts
     hardware      the GPU catalogue (data/gpus.toml)
+    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
     kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
     memory        the memory budget: weights, activations, graphs, KV

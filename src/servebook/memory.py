@@ -67,15 +67,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.kv_cache import tp_splits_heads
 from servebook.model_spec import ModelSpec
+from servebook.vllm_rules.cache import DEFAULT_GPU_MEMORY_UTILIZATION, check_utilization  # noqa: F401 (re-exported)
+from servebook.vllm_rules.parallel import TP_CHOICES, tp_splits_heads
+from servebook.vllm_rules.scheduler import vllm_batch_defaults  # noqa: F401 (re-exported)
 
 GIB = 2**30
-#: ``CacheConfig.gpu_memory_utilization`` default in 0.26.0 and 0.27.1
-#: (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 #: Tensor-parallel sizes tried when looking for the smallest one that fits.
-TP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+TP_CANDIDATES = TP_CHOICES
 #: Activation features, in the order of the fitted coefficient vector.
 ACTIVATION_FEATURES = ("constant_bytes", "hidden", "mlp", "logits")
 #: MoE architectures that vLLM 0.26.0 runs on the V2 model runner by default
@@ -213,46 +212,6 @@ def write_coefficients(coefficients: MemoryCoefficients, path: str | Path | None
     return p
 
 
-#: Total memory from which vLLM 0.27.1 uses the larger batch defaults (unless an A100).
-LARGE_GPU_BYTES = 70 * GIB
-
-
-def vllm_batch_defaults(
-    gpu_memory_bytes: int | None,
-    gpu_name: str | None = None,
-    *,
-    usage_context: str = "OPENAI_API_SERVER",
-    max_model_len: int | None = None,
-    device: str = "cuda",
-) -> tuple[int, int]:
-    """vLLM 0.27.1's default ``(max_num_batched_tokens, max_num_seqs)``.
-
-    ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``): on CUDA GPUs
-    with at least 70 GiB whose name lacks "a100", 16384/1024 for the ``LLM``
-    class and 8192/1024 for ``vllm serve``; on other GPUs 8192/256 and
-    2048/256; on CPU 4096/256 and 2048/128 (times the world size, here 1).
-    ``_set_default_max_num_seqs_and_batched_tokens_args`` then caps the token
-    budget at ``max_num_seqs x max_model_len`` (with chunked prefill on).
-
-    Args:
-        gpu_memory_bytes: total device memory as the platform reports it.
-        gpu_name: device name (only "a100" matters).
-        usage_context: ``"OPENAI_API_SERVER"`` (``vllm serve``) or ``"LLM_CLASS"``.
-        max_model_len: context length for the cap; None for no cap.
-        device: ``"cuda"`` or ``"cpu"``.
-    """
-    if usage_context not in ("OPENAI_API_SERVER", "LLM_CLASS"):
-        raise ServebookError(f"usage_context {usage_context!r} is not known; use OPENAI_API_SERVER or LLM_CLASS")
-    server = usage_context == "OPENAI_API_SERVER"
-    if device == "cpu":
-        tokens, seqs = (2048, 128) if server else (4096, 256)
-    elif gpu_memory_bytes is not None and gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in (gpu_name or "").lower():
-        tokens, seqs = (8192, 1024) if server else (16384, 1024)
-    else:
-        tokens, seqs = (2048, 256) if server else (8192, 256)
-    if max_model_len is not None:
-        tokens = min(tokens, seqs * max_model_len)
-    return tokens, seqs
 
 
 def mlp_bytes_per_token(spec: ModelSpec, tp: int = 1) -> float:
@@ -431,15 +390,6 @@ class MemoryBudget:
             "non_torch": self.non_torch_bytes,
             "cudagraph": self.cudagraph_bytes,
         }
-
-
-def check_utilization(gpu_memory_utilization: float) -> None:
-    """Raise unless ``0 < u <= 1`` (the range ``CacheConfig`` accepts)."""
-    u = gpu_memory_utilization
-    if not isinstance(u, (int, float)) or isinstance(u, bool) or not (0 < u <= 1) or math.isnan(u):
-        raise ServebookError(
-            f"gpu_memory_utilization {u!r} is out of range; use a fraction in (0, 1], e.g. 0.92"
-        )
 
 
 def _left(total: int, u: float, *claims: int) -> tuple[int, int]:

@@ -50,6 +50,7 @@ from servebook.memory import (
     weights_bytes_per_gpu,
 )
 from servebook.model_spec import ModelSpec
+from servebook.vllm_rules import check_tp_size
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
@@ -238,7 +239,7 @@ def make_plan(
 ) -> Plan:
     """Compute a :class:`Plan`: what ``servebook plan`` prints, for one deployment."""
     check_utilization(gpu_memory_utilization)
-    _positive("tp", tp)
+    check_tp_size(tp)
     _positive("max-model-len", max_model_len)
     _positive("max-num-batched-tokens", max_num_batched_tokens)
     if kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -38,7 +38,7 @@ import numpy as np
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
-from servebook.perf.model import (CALIBRATION_FILE, Coefficients, cudagraph_max_tokens, decode_step,
+from servebook.perf.model import (CALIBRATION_FILE, DEFAULT_CUDAGRAPH_MAX_TOKENS, Coefficients, cudagraph_max_tokens, decode_step,
                                   prefill_request_s, step_seconds)
 from servebook.perf.work import (
     allreduce_bytes,
@@ -82,7 +82,7 @@ class Point:
     tp: int = 1
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int = 8192
-    cudagraph_max_tokens: int = 512
+    cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS
 
 
 # ---------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
-from servebook.perf.model import Coefficients, cudagraph_max_tokens, step_time
+from servebook.perf.model import Coefficients, step_time
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
@@ -41,10 +40,12 @@ from servebook.perf.work import (
     prefill_work,
     prompt_chunks,
 )
-
-
-#: vLLM's KV block size on CUDA, tokens.
-BLOCK_TOKENS = 16
+from servebook.vllm_rules import (
+    CUDA_DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    cudagraph_max_tokens,
+    vllm_batch_defaults,
+)
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window: hold window + one block
     kv_hold = float(np.dot(weights, kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                                                          sliding_extra_tokens=BLOCK_TOKENS)))
+                                                          sliding_extra_tokens=CUDA_DEFAULT_BLOCK_SIZE)))
     batch_kv = int(kv_budget // kv_hold)
     if d.batch is not None:
         if d.batch > batch_kv:
@@ -390,9 +391,9 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
     max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    ctx = math.ceil(context_tokens / BLOCK_TOKENS) * BLOCK_TOKENS
+    ctx = math.ceil(context_tokens / CUDA_DEFAULT_BLOCK_SIZE) * CUDA_DEFAULT_BLOCK_SIZE
     per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype,
-                                          sliding_extra_tokens=BLOCK_TOKENS))
+                                          sliding_extra_tokens=CUDA_DEFAULT_BLOCK_SIZE))
     if budget <= 0:
         return 0, budget, per_seq
     return int(budget // per_seq), budget, per_seq
