@@ -74,3 +74,53 @@ def test_public_names_resolve():
     from servebook.plan import make_plan
 
     assert servebook.make_plan is make_plan
+
+
+# ---- the repository layout: only servebook.records knows where recorded results are --------------------
+
+_LAYOUT_NAMES = {"labs", "results", "tests", "fixtures", "src"}
+
+
+def _layout_uses(path: Path) -> list[str]:
+    """Path-building with a layout folder name (``x / "labs"``) or climbing out of the package (``.parents[2]``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and isinstance(side.value, str) \
+                        and side.value.split("/")[0] in _LAYOUT_NAMES:
+                    found.append(f"line {node.lineno}: / {side.value!r}")
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "parents":
+            found.append(f"line {node.lineno}: .parents[...]")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in sorted(SRC.rglob("*.py")) if p.name != "records.py"],
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_only_records_names_the_repository_layout(path):
+    assert not _layout_uses(path), f"{path.relative_to(ROOT)}: {_layout_uses(path)}; ask servebook.records"
+
+
+def test_the_layout_check_sees_a_repo_root(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('from pathlib import Path\nROOT = Path(__file__).parents[2]\nR = ROOT / "labs" / "results"\n')
+    uses = _layout_uses(f)
+    assert any("parents" in u for u in uses) and any("labs" in u for u in uses)
+
+
+def test_records_finds_results_explicitly_by_env_upward_and_falls_back(tmp_path, monkeypatch):
+    from servebook import records
+
+    checkout = tmp_path / "book"
+    (checkout / "labs" / "results").mkdir(parents=True)
+    deep = checkout / "book" / "chapter"
+    deep.mkdir(parents=True)
+    monkeypatch.delenv(records.RESULTS_ENV, raising=False)
+    monkeypatch.chdir(deep)
+    assert records.results_dir() == (checkout / "labs" / "results").resolve()
+    assert records.checkout_root() == checkout.resolve()
+    assert records.results_path("labs", "x.json") == (checkout / "labs" / "results" / "labs" / "x.json").resolve()
+    assert records.results_dir(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.setenv(records.RESULTS_ENV, str(tmp_path / "elsewhere"))
+    assert records.results_dir() == tmp_path / "elsewhere"

@@ -22,9 +22,10 @@ from servebook.memory import (
     records_from_fixtures,
     subtracts_cudagraph_estimate,
 )
+from servebook.shipped import STARTUP_LOGS_DIR as SHIPPED_STARTUP_LOGS
 from servebook.startup_log import read_startup_log
 
-FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"
+FIXTURES = SHIPPED_STARTUP_LOGS   # the GPU start-ups the shipped coefficients are fitted on
 GPU_FIXTURES = sorted(p.name for p in FIXTURES.glob("h200-*") if (p / "startup.log").is_file())
 TOLERANCE_PCT = 2.0
 

@@ -49,7 +49,7 @@ intermediate caches) plus the shared experts' dense term. Each coefficient is
 says whether they are the first-principles :data:`PRIOR_COEFFICIENTS` or
 ``fitted``, and on which logs: the fitted file comes from
 :func:`calibrate_from_fixtures` on the H200 start-up logs recorded with vLLM
-**0.26.0** (``tests/fixtures/startup_logs/h200-0.26.0-*``). The budget formula
+**0.26.0** (shipped in ``servebook/data/startup_logs/h200-0.26.0-*``, :data:`SHIPPED_STARTUP_LOGS`). The budget formula
 and the graph rule are the same in 0.27.1 (read in its source); 0.27.1 prints
 ``C GiB for consumed memory (weights + non-torch)`` and a peak that includes
 the graph estimate (:func:`record_from_log` separates both), and adds
@@ -68,6 +68,7 @@ from pathlib import Path
 
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
+from servebook.shipped import STARTUP_LOGS_DIR as SHIPPED_STARTUP_LOGS
 from servebook.vllm_rules.cache import DEFAULT_GPU_MEMORY_UTILIZATION, check_utilization  # noqa: F401 (re-exported)
 from servebook.vllm_rules.parallel import TP_CHOICES, tp_splits_heads
 from servebook.vllm_rules.scheduler import vllm_batch_defaults  # noqa: F401 (re-exported)
@@ -602,7 +603,7 @@ def _fit_note(recs, nt1, ntn, cg, vllm_version, gpu) -> str:
            if cg else "; keeps the prior."),
         "vLLM 0.27.1 sizes the KV cache with the same formula and CUDA-graph rule (see the "
         "servebook.memory docstring); its own activation peaks have not been recorded on a GPU.",
-        "Refit: servebook.memory.calibrate_from_fixtures('tests/fixtures/startup_logs', write_to=...).",
+        "Refit: servebook.memory.calibrate_from_fixtures(servebook.memory.SHIPPED_STARTUP_LOGS, write_to=...).",
     ]
     return " ".join(parts)
 
@@ -705,7 +706,8 @@ def records_from_fixtures(root: str | Path) -> list[CalibrationRecord]:
 
     Each folder holds ``config.json``, ``flags.json`` (``engine_kwargs``,
     ``device``, ``usage_context``, optionally ``gpu_total_memory_bytes``) and
-    ``startup.log`` (see ``tests/fixtures/startup_logs/README.md``). CPU folders
+    ``startup.log`` (see ``tests/fixtures/startup_logs/README.md``; the GPU ones ship in
+    :data:`SHIPPED_STARTUP_LOGS`). CPU folders
     and logs without the ``Actual usage is ...`` sentence are skipped. Settings
     the engine was not given explicitly take vLLM's defaults
     (:func:`vllm_batch_defaults`, the same table in 0.26.0 and 0.27.1; the

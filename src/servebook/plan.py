@@ -50,6 +50,7 @@ from servebook.memory import (
     weights_bytes_per_gpu,
 )
 from servebook.model_spec import ModelSpec
+from servebook.shipped import MODELS_DIR
 from servebook.vllm_rules import check_tp_size
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
@@ -148,7 +149,7 @@ def _resolve_gpu(name: str) -> tuple[str, int]:
 
 def _hub_repo(reference_id: str) -> str | None:
     """The Hub repo of a shipped reference config (``data/models/SOURCES.md``), or None."""
-    sources = Path(__file__).resolve().parent / "data" / "models" / "SOURCES.md"
+    sources = MODELS_DIR / "SOURCES.md"
     try:
         for line in sources.read_text().splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -171,7 +172,7 @@ def _model_ref(config: str, spec: ModelSpec) -> str:
     if path.is_dir():
         return str(path)
     if path.is_file():
-        models = Path(__file__).resolve().parent / "data" / "models"
+        models = MODELS_DIR
         if path.resolve().parent == models.resolve() and (repo := _hub_repo(path.stem)):
             return repo
         return str(path.parent) if path.name == "config.json" else "MODEL_DIR"

@@ -68,12 +68,13 @@ SECTIONS = {
     "6.25": "Key takeaways",
 }
 
-#: Where exhibits come from (relative to the repository root).
+#: Where exhibits come from: shipped data (``shipped``) or recorded results (``records``), and the
+#: default file inside a folder.
 EXHIBIT_ROOTS = {
-    "startup_log": ("tests/fixtures/startup_logs", "startup.log"),
-    "capture": ("tests/fixtures/bench", None),
-    "step_timing": ("labs/results/step_timing", None),
-    "lab": ("labs/results/labs", None),
+    "startup_log": (("shipped", "startup_logs"), "startup.log"),
+    "capture": (("shipped", "bench"), None),
+    "step_timing": (("records", "step_timing"), None),
+    "lab": (("records", "labs"), None),
 }
 
 CALLS_MODULE = "servebook.drills.calls"
@@ -88,9 +89,10 @@ class Exhibit:
     """Recorded material shown with a question.
 
     Attributes:
-        source: ``"startup_log"`` (a folder of tests/fixtures/startup_logs), ``"capture"``
-            (a folder of tests/fixtures/bench), ``"step_timing"`` (labs/results/step_timing)
-            or ``"lab"`` (a recorded lab result, labs/results/labs/*.json).
+        source: ``"startup_log"`` (a shipped GPU start-up, servebook/data/startup_logs), ``"capture"``
+            (the shipped capture, servebook/data/bench), ``"step_timing"`` (recorded results'
+            step_timing/) or ``"lab"`` (a recorded lab result, the results' labs/*.json;
+            see :mod:`servebook.records`).
         name: the folder (or, for step timing and labs, the JSON file's stem).
         file: the file inside a capture folder (``metrics_after.txt``, ``bench_stdout.txt`` ...).
         grep: regular expression; only matching lines are shown (all lines when empty; for
@@ -112,12 +114,13 @@ class Exhibit:
     fields: tuple = ()
 
     def path(self) -> Path:
-        from servebook.engine_env import REPO_ROOT
+        from servebook.records import results_path
+        from servebook.shipped import DATA_DIR
 
         if self.source not in EXHIBIT_ROOTS:
             raise DrillError(f"exhibit source {self.source!r} is not one of {', '.join(EXHIBIT_ROOTS)}")
-        root, default = EXHIBIT_ROOTS[self.source]
-        base = REPO_ROOT / root
+        (where, folder), default = EXHIBIT_ROOTS[self.source]
+        base = DATA_DIR / folder if where == "shipped" else results_path(folder)
         if self.source in ("step_timing", "lab"):
             return base / f"{self.name}.json"
         return base / self.name / (self.file or default or "")
