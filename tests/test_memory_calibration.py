@@ -13,15 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from servebook.memory import (
-    GIB,
-    calibrate,
-    leave_one_out,
-    load_coefficients,
-    predict_record,
-    records_from_fixtures,
-    subtracts_cudagraph_estimate,
-)
+from servebook.memory import GIB, load_coefficients, subtracts_cudagraph_estimate
+from servebook.memory_fit import calibrate, leave_one_out, predict_record, records_from_fixtures
 from servebook.shipped import STARTUP_LOGS_DIR as SHIPPED_STARTUP_LOGS
 from servebook.startup_log import read_startup_log
 

@@ -11,10 +11,15 @@ concept:
     kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
     memory        the memory budget: weights, activations, graphs, KV
+    memory_fit    fitting the memory coefficients on recorded start-ups (leave-one-out error)
     plan          one deployment: budget, KV capacity, recommended flags (``servebook plan``)
     perf          step-time model (prefill, decode, speculation, fleet plans)
+    draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
     simulator     discrete-event model of vLLM's scheduler
     lab           harness that starts real engines for the GPU labs
+    drills/       interview drills: model, exhibits, grading, rendering, calls
+    records       where recorded lab results are (the one module that knows labs/results)
+    shipped       paths of the data shipped in the package
     commands/     the ``servebook`` CLI, one file per sub-command
 
 Import rule: ``commands`` (the CLI) imports the library; the library never

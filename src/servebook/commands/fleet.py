@@ -83,7 +83,8 @@ def check_numbers(args) -> None:
 
 def run(args) -> int:
     from servebook.hf_config import load_model_spec
-    from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, compare_with_draft, plan
+    from servebook.draft.fleet import compare_with_draft
+    from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, plan
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients
     from servebook.perf.speculative import Drafter
