@@ -161,8 +161,28 @@ class CacheGroup:
     spec: LayerCacheSpec
 
 
+class PaddingSummary:
+    """Totals of vLLM's ``Add N padding layers, may waste at most P% KV cache memory`` warnings.
+
+    For a class with ``padding_warnings``: ``(padding layers, waste %)`` per warning, as
+    predicted (:class:`KVCacheLayout`) or as logged (:class:`servebook.startup_log.StartupLog`).
+    """
+
+    padding_warnings: tuple[tuple[int, float], ...]
+
+    @property
+    def padding_layers(self) -> int:
+        """Padding layers added in total (0 when the warning is not printed)."""
+        return sum(n for n, _ in self.padding_warnings)
+
+    @property
+    def padding_waste_pct(self) -> float:
+        """The largest "may waste at most P%" figure the engine warns about (0.0 if none)."""
+        return max((p for _, p in self.padding_warnings), default=0.0)
+
+
 @dataclass(frozen=True)
-class KVCacheLayout:
+class KVCacheLayout(PaddingSummary):
     """How vLLM lays out the KV cache of a model on one GPU.
 
     Attributes:
@@ -205,16 +225,6 @@ class KVCacheLayout:
         this (``v1/engine/core.py``).
         """
         return min(g.spec.block_size for g in self.groups)
-
-    @property
-    def padding_layers(self) -> int:
-        """Padding layers added in total (0 when the warning is not printed)."""
-        return sum(n for n, _ in self.padding_warnings)
-
-    @property
-    def padding_waste_pct(self) -> float:
-        """The largest "may waste at most P%" figure the engine warns about (0.0 if none)."""
-        return max((p for _, p in self.padding_warnings), default=0.0)
 
     @property
     def kv_bytes_per_token(self) -> int:
