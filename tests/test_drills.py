@@ -19,12 +19,13 @@ from servebook.drills import (KINDS, SECTIONS, DrillError, check_answer, get_dri
                               question_html, render_html, render_markdown, render_section)
 from servebook.drills import calls
 from servebook.errors import ServebookError
+from servebook.shipped import BENCH_DIR, STARTUP_LOGS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 DRILLS = load_drills()
 NUMERIC = [d for d in DRILLS if d.numeric]
-BENCH = ROOT / "tests" / "fixtures" / "bench" / "cpu-tiny-llama-preempt"
-LOGS = ROOT / "tests" / "fixtures" / "startup_logs"
+BENCH = BENCH_DIR / "cpu-tiny-llama-preempt"
+LOGS = STARTUP_LOGS_DIR   # the shipped H200 start-ups
 GIB = 2**30
 
 

@@ -10,18 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servebook.errors import DoesNotFitError, ServebookError
-from servebook.memory import (
-    ACTIVATION_FEATURES,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    CalibrationRecord,
-    MemoryCoefficients,
-    budget_from_log,
-    calibrate,
-    load_coefficients,
-    memory_budget,
-    record_from_log,
-    write_coefficients,
-)
+from servebook.memory import (ACTIVATION_FEATURES, DEFAULT_GPU_MEMORY_UTILIZATION, MemoryCoefficients,
+                              load_coefficients, memory_budget, write_coefficients)
+from servebook.memory_fit import CalibrationRecord, budget_from_log, calibrate, record_from_log
 from servebook.model_spec import AttentionLayer, MoESpec, ModelSpec, ParamCount
 from servebook.startup_log import parse_startup_log
 
@@ -290,12 +281,8 @@ def test_cpu_logs_cannot_calibrate():
 
 # ---- vLLM batch defaults (engine/arg_utils.py, EngineArgs.get_batch_defaults) ---------------
 
-from servebook.memory import (  # noqa: E402
-    calibrate_from_fixtures,
-    peak_activation_bytes,
-    records_from_fixtures,
-    vllm_batch_defaults,
-)
+from servebook.memory import peak_activation_bytes, vllm_batch_defaults  # noqa: E402
+from servebook.memory_fit import calibrate_from_fixtures, records_from_fixtures  # noqa: E402
 
 
 @pytest.mark.parametrize(

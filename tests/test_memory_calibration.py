@@ -13,18 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from servebook.memory import (
-    GIB,
-    calibrate,
-    leave_one_out,
-    load_coefficients,
-    predict_record,
-    records_from_fixtures,
-    subtracts_cudagraph_estimate,
-)
+from servebook.memory import GIB, load_coefficients, subtracts_cudagraph_estimate
+from servebook.memory_fit import calibrate, leave_one_out, predict_record, records_from_fixtures
+from servebook.shipped import STARTUP_LOGS_DIR as SHIPPED_STARTUP_LOGS
 from servebook.startup_log import read_startup_log
 
-FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"
+FIXTURES = SHIPPED_STARTUP_LOGS   # the GPU start-ups the shipped coefficients are fitted on
 GPU_FIXTURES = sorted(p.name for p in FIXTURES.glob("h200-*") if (p / "startup.log").is_file())
 TOLERANCE_PCT = 2.0
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from servebook.draft_memory import (
+from servebook.draft.memory import (
     DRAFT_DEPLOYMENTS,
     GEMMA4_26B,
     GEMMA4_31B,

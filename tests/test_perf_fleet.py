@@ -4,8 +4,8 @@ import pytest
 from perf_fixtures import H200, KNOWN, LLAMA_8B, spec
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.perf.chunk_budget import mixed_step_s, prefill_tokens_within, recommend_max_num_batched_tokens
-from servebook.perf.fleet import (Deployment, LengthDistribution, Speculation, Workload, check_decode_fits,
-                                  draft_estimate, plan)
+from servebook.draft.fleet import draft_estimate
+from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, check_decode_fits, plan
 from servebook.perf.work import kv_bytes_per_sequence
 
 LLAMA = spec(LLAMA_8B, "llama-3.1-8b")
@@ -97,7 +97,7 @@ def test_chunk_budget_meets_its_target():
 
 def test_draft_comparison_names_the_prefill_terms_by_hand():
     from servebook.perf import gpu_numbers
-    from servebook.perf.fleet import compare_with_draft
+    from servebook.draft.fleet import compare_with_draft
 
     h100 = gpu_numbers("h100")
     moe = compare_with_draft(KNOWN, h100)[0]          # Gemma 4 26B-A4B, TP 8, batch 48, 12,000 in / 3,000 out

@@ -95,7 +95,7 @@ def test_does_not_fit_hints_name_flags_the_command_has(capsys, argv, hint):
 
 
 def test_perf_simulate_and_slo_sizing_leave_out_the_null_block(capsys):
-    from servebook.commands.plan import make_plan
+    from servebook import make_plan
     from servebook.simulator.sizing import _replica_setup
 
     # Both size the simulated pool from plan's num_gpu_blocks; vLLM hands out all but one (the null block).

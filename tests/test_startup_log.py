@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from servebook.errors import ServebookError
+from servebook.shipped import STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log, read_startup_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"
+GPU_LOGS = STARTUP_LOGS_DIR   # shipped with the package
 
 # vLLM 0.26.0 on a GPU, with process prefixes as the engine prints them.
 LOG_026 = """\
@@ -166,12 +168,12 @@ def test_gpu_results_document_becomes_fixture_folders(tmp_path):
     assert (cap.kv_cache_tokens, round(cap.max_concurrency, 2)) == (parsed.kv_cache_tokens, parsed.max_concurrency)
 
 
-# ---- recorded H200 logs (vLLM 0.26.0, tests/fixtures/startup_logs/h200-0.26.0-*) --------------
+# ---- recorded H200 logs (vLLM 0.26.0, shipped: servebook/data/startup_logs/h200-0.26.0-*) -----
 
 def test_recorded_h200_moe_log_gives_the_graph_estimate_and_what_capture_took():
     # Lines of that log: "Estimated CUDA graph memory: 0.49 GiB total", "CUDA graph pool memory:
     # 0.63 GiB (actual), 0.49 GiB (estimated)", "... and 0.63 GiB for CUDAGraph memory."
-    log = read_startup_log(FIXTURES / "h200-0.26.0-qwen3-30b-a3b--timing" / "startup.log")
+    log = read_startup_log(GPU_LOGS / "h200-0.26.0-qwen3-30b-a3b--timing" / "startup.log")
     assert log.vllm_version == "0.26.0"
     assert (log.weights_gib, log.peak_activation_gib, log.non_torch_gib, log.cudagraph_gib) == (56.88, 1.7, 0.24, 0.63)
     assert (log.cudagraph_estimated_gib, log.cudagraph_actual_gib) == (0.49, 0.63)
@@ -182,7 +184,7 @@ def test_recorded_h200_moe_log_gives_the_graph_estimate_and_what_capture_took():
 def test_recorded_h200_dense_log_with_graphs_has_no_estimate_and_says_v2_runner():
     # "Using V2 Model Runner"; graphs captured ("... and 0.59 GiB for CUDAGraph memory") but no
     # "Estimated CUDA graph memory" line: nothing was subtracted for them before sizing the cache.
-    log = read_startup_log(FIXTURES / "h200-0.26.0-llama-3.1-8b--timing" / "startup.log")
+    log = read_startup_log(GPU_LOGS / "h200-0.26.0-llama-3.1-8b--timing" / "startup.log")
     assert log.model_runner == "v2"
     assert log.cudagraph_gib == 0.59
     assert log.cudagraph_estimated_gib is None
@@ -192,6 +194,6 @@ def test_recorded_h200_dense_log_with_graphs_has_no_estimate_and_says_v2_runner(
 
 
 def test_recorded_h200_eager_log_prints_zero_graph_memory():
-    log = read_startup_log(FIXTURES / "h200-0.26.0-gpt-oss-20b--eager16k" / "startup.log")
+    log = read_startup_log(GPU_LOGS / "h200-0.26.0-gpt-oss-20b--eager16k" / "startup.log")
     assert log.cudagraph_gib == 0.0 and log.cudagraph_estimated_gib is None
     assert log.model_loading_gib == 13.03

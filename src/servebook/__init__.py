@@ -1,16 +1,29 @@
 """servebook: the companion library of the chapter "Serving with vLLM".
 
-Modules (one concept each):
-    model_spec   what a model is, as the calculators see it (dataclasses)
-    hf_config    config.json -> ModelSpec, with parameter counts
-    hardware     the GPU catalogue (data/gpus.toml)
-    kv_cache     KV bytes per token, pages, blocks, capacity as vLLM computes them
-    startup_log  parser for vLLM startup logs (0.26, 0.27, V0)
-    memory       the memory budget: weights, activations, graphs, KV
-    perf         step-time model (prefill, decode, speculation, fleet plans)
-    simulator    discrete-event model of vLLM's scheduler
-    lab          harness that starts real engines for the GPU labs
-    commands/    the ``servebook`` CLI, one file per sub-command
+The names a reader calls are re-exported here, flat (``from servebook import
+make_plan``); each lives in one private-to-the-reader module that holds one
+concept:
+
+    model_spec    what a model is, as the calculators see it (dataclasses)
+    hf_config     config.json -> ModelSpec, with parameter counts
+    hardware      the GPU catalogue (data/gpus.toml)
+    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
+    kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them
+    startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
+    memory        the memory budget: weights, activations, graphs, KV
+    memory_fit    fitting the memory coefficients on recorded start-ups (leave-one-out error)
+    plan          one deployment: budget, KV capacity, recommended flags (``servebook plan``)
+    perf          step-time model (prefill, decode, speculation, fleet plans)
+    draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
+    simulator     discrete-event model of vLLM's scheduler
+    lab           harness that starts real engines for the GPU labs
+    drills/       interview drills: model, exhibits, grading, rendering, calls
+    records       where recorded lab results are (the one module that knows labs/results)
+    shipped       paths of the data shipped in the package
+    commands/     the ``servebook`` CLI, one file per sub-command
+
+Import rule: ``commands`` (the CLI) imports the library; the library never
+imports ``commands``.
 """
 __version__ = "0.1.0"
 
@@ -18,3 +31,71 @@ __version__ = "0.1.0"
 PINNED_VLLM = "0.27.1"
 #: The vLLM release that runs on the lent GPU (recorded GPU results say so).
 GPU_LAB_VLLM = "0.26.0"
+
+# The public face, re-exported from the modules that hold each name (defined after the
+# constants above: those modules read PINNED_VLLM from this package).
+from servebook.errors import DoesNotFitError, ServebookError  # noqa: E402
+from servebook.hardware import get_gpu, gpu_names  # noqa: E402
+from servebook.hf_config import load_model_spec, reference_model_ids  # noqa: E402
+from servebook.kv_cache import (  # noqa: E402
+    capacity,
+    default_async_scheduling,
+    default_block_size,
+    kv_cache_layout,
+)
+from servebook.memory import (  # noqa: E402
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    MemoryBudget,
+    memory_budget,
+    vllm_batch_defaults,
+)
+from servebook.model_spec import ModelSpec  # noqa: E402
+from servebook.perf import (  # noqa: E402
+    calibrated_coefficients,
+    decode_step,
+    gpu_numbers,
+    prefill_step,
+)
+from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan  # noqa: E402
+from servebook.simulator import (  # noqa: E402
+    LinearStepTime,
+    RequestSpec,
+    SchedulerConfig,
+    simulate,
+    synthetic_workload,
+)
+from servebook.startup_log import parse_startup_log, read_startup_log  # noqa: E402
+
+__all__ = [
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "GPU_LAB_VLLM",
+    "MAX_NUM_SEQS_FRACTION",
+    "PINNED_VLLM",
+    "DoesNotFitError",
+    "LinearStepTime",
+    "MemoryBudget",
+    "ModelSpec",
+    "Plan",
+    "RequestSpec",
+    "SchedulerConfig",
+    "ServebookError",
+    "calibrated_coefficients",
+    "capacity",
+    "decode_step",
+    "default_async_scheduling",
+    "default_block_size",
+    "get_gpu",
+    "gpu_names",
+    "gpu_numbers",
+    "kv_cache_layout",
+    "load_model_spec",
+    "make_plan",
+    "memory_budget",
+    "parse_startup_log",
+    "prefill_step",
+    "read_startup_log",
+    "reference_model_ids",
+    "simulate",
+    "synthetic_workload",
+    "vllm_batch_defaults",
+]

@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 from servebook.errors import ServebookError
+from servebook.records import checkout_root
 
 #: One engine at a time on this machine (see CONTRIBUTING.md).
 ENGINE_LOCK_PATH = Path(os.environ.get("SERVEBOOK_ENGINE_LOCK", "/tmp/servebook-vllm-engine.lock"))
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The book checkout this runs in (:func:`servebook.records.checkout_root`): labs run there, ``.venv-vllm`` lives there.
+REPO_ROOT = checkout_root()
 
 
 def vllm_python() -> Path:

@@ -20,3 +20,7 @@ class DoesNotFitError(ServebookError):
 
 class UnknownGPUError(ServebookError):
     """A GPU name that is not in the catalogue."""
+
+
+class DrillError(ServebookError):
+    """A drill id, seed, answer or data entry that cannot be used (:mod:`servebook.drills`)."""

@@ -30,6 +30,7 @@ The steps, in the order the engine takes them:
    KV heads per GPU are ``max(1, kv_heads // tp)``: sharded, or replicated when
    ``tp`` exceeds the KV heads (``ModelConfig.get_num_kv_heads`` in
    ``config/model.py``). MLA keeps one latent per token on every rank.
+   The defaults and rules named here live in :mod:`servebook.vllm_rules`.
 2. Page sizes are unified by enlarging the block size of layers with smaller
    pages (``unify_kv_cache_spec_page_size``, ``v1/core/kv_cache_utils.py``).
 3. Layers are grouped (``get_kv_cache_groups``): identical specs form one
@@ -64,125 +65,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
 
-Device = Literal["cuda", "cpu"]
-
-#: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``config/cache.py``); CUDA attention
-#: backends (FLASH_ATTN, FLASH_ATTN_MLA on Hopper, TRITON_ATTN) accept it.
-CUDA_DEFAULT_BLOCK_SIZE = 16
-#: ``CpuPlatform.check_and_update_config`` (``platforms/cpu.py``) sets 128
-#: unless ``--block-size`` is given.
-CPU_DEFAULT_BLOCK_SIZE = 128
-#: Smallest kernel block size of FLASH_ATTN / TRITON_ATTN / CPU_ATTN
-#: (``get_supported_kernel_block_sizes`` returns ``MultipleOf(16)``); sliding
-#: window layers take it as their own block size.
-SLIDING_KERNEL_BLOCK_SIZE = 16
-#: Every attention backend the book targets needs block sizes that are
-#: multiples of 16 (``MultipleOf(16)``); FlashMLA needs exactly 64.
-BLOCK_SIZE_MULTIPLE = 16
-#: ``--block-size`` is bounded by the CLI choices of older releases and by
-#: the kernels; we accept multiples of 16 up to this many tokens.
-MAX_BLOCK_SIZE = 1024
-
-#: Bytes per KV element for each ``--kv-cache-dtype`` the book discusses.
-#: ``"auto"`` means the model dtype; vLLM serves float32 checkpoints in
-#: bfloat16 (``_get_and_verify_dtype`` in ``config/model.py``), so it is 2.
-#: fp8 variants are stored as ``torch.uint8`` (``STR_DTYPE_TO_TORCH_DTYPE``,
-#: ``utils/torch_utils.py``).
-KV_DTYPE_BYTES: dict[str, int] = {
-    "auto": 2,
-    "bfloat16": 2,
-    "float16": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-}
-
-
-def kv_dtype_bytes(kv_cache_dtype: str) -> int:
-    """Bytes per cached element for ``--kv-cache-dtype`` (``"auto"`` = 2 bytes)."""
-    try:
-        return KV_DTYPE_BYTES[kv_cache_dtype]
-    except KeyError:
-        allowed = ", ".join(KV_DTYPE_BYTES)
-        raise ServebookError(
-            f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use one of: {allowed}"
-        ) from None
-
-
-def default_block_size(device: Device = "cuda") -> int:
-    """Tokens per block vLLM 0.27.1 picks when ``--block-size`` is not given.
-
-    16 on CUDA (``CacheConfig.DEFAULT_BLOCK_SIZE``; FLASH_ATTN keeps it via
-    ``AttentionBackend.get_preferred_block_size``), 128 on CPU
-    (``CpuPlatform.check_and_update_config``). Backends that need another size
-    (FlashMLA: 64, CUTLASS MLA on Blackwell: 128) log
-    ``Setting kv cache block size to N for X backend``; pass that ``N`` here.
-    """
-    if device == "cpu":
-        return CPU_DEFAULT_BLOCK_SIZE
-    if device == "cuda":
-        return CUDA_DEFAULT_BLOCK_SIZE
-    raise ServebookError(f"device {device!r} is not supported; use 'cuda' or 'cpu'")
-
-
-def default_async_scheduling(device: Device = "cuda") -> bool:
-    """Whether 0.27.1 turns async scheduling on by default.
-
-    On for CUDA (``VllmConfig.__post_init__`` sets it when nothing is
-    incompatible), forced off on CPU (``CpuPlatform.check_and_update_config``).
-    """
-    return device == "cuda"
-
-
-def _check_block_size(block_size: int) -> None:
-    if (
-        not isinstance(block_size, int)
-        or block_size <= 0
-        or block_size % BLOCK_SIZE_MULTIPLE
-        or block_size > MAX_BLOCK_SIZE
-    ):
-        raise ServebookError(
-            f"block_size {block_size!r} is not allowed; use a multiple of "
-            f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} tokens"
-        )
-
-
-def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
-    """Raise unless ``tp`` splits the model's heads the way vLLM requires.
-
-    vLLM needs the query heads divisible by ``tp``
-    (``ModelConfig.verify_with_parallel_config``) and, per layer, either the KV
-    heads divisible by ``tp`` or ``tp`` divisible by the KV heads (replication),
-    as the attention modules assert (e.g. ``LlamaAttention.__init__``).
-    """
-    if not isinstance(tp, int) or tp < 1:
-        raise ServebookError(f"tensor parallel size {tp!r} is not allowed; use an integer >= 1")
-    valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if tp_splits_heads(spec, t)]
-    if not tp_splits_heads(spec, tp):
-        raise ServebookError(
-            f"tensor parallel size {tp} does not divide the heads of {spec.name} "
-            f"({spec.num_attention_heads} query heads); use one of {valid}"
-        )
-
-
-def tp_splits_heads(spec: ModelSpec, tp: int) -> bool:
-    """True when vLLM accepts tensor-parallel size ``tp`` for this model (see :func:`check_tensor_parallel`)."""
-    if spec.num_attention_heads % tp:
-        return False
-    for layer in spec.layers:
-        if layer.kind == "mla" or not layer.owns_cache:
-            continue
-        h = layer.num_kv_heads
-        if h >= tp and h % tp:
-            return False
-        if h < tp and tp % h:
-            return False
-    return True
+from servebook.vllm_rules.cache import (
+    SLIDING_KERNEL_BLOCK_SIZE,
+    Device,
+    check_block_size,
+    default_block_size,
+    kv_dtype_bytes,
+    sliding_window_hold_tokens,
+)
+from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu
+from servebook.vllm_rules.scheduler import default_async_scheduling, in_flight_tokens
 
 
 @dataclass(frozen=True)
@@ -230,7 +126,7 @@ class LayerCacheSpec:
         """
         if self.kind == "sliding":
             assert self.sliding_window is not None
-            held = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
+            held = min(sliding_window_hold_tokens(self.sliding_window, in_flight_tokens), max_model_len)
             return _cdiv(held, self.block_size) + 1
         return _cdiv(max_model_len, self.block_size)
 
@@ -265,8 +161,28 @@ class CacheGroup:
     spec: LayerCacheSpec
 
 
+class PaddingSummary:
+    """Totals of vLLM's ``Add N padding layers, may waste at most P% KV cache memory`` warnings.
+
+    For a class with ``padding_warnings``: ``(padding layers, waste %)`` per warning, as
+    predicted (:class:`KVCacheLayout`) or as logged (:class:`servebook.startup_log.StartupLog`).
+    """
+
+    padding_warnings: tuple[tuple[int, float], ...]
+
+    @property
+    def padding_layers(self) -> int:
+        """Padding layers added in total (0 when the warning is not printed)."""
+        return sum(n for n, _ in self.padding_warnings)
+
+    @property
+    def padding_waste_pct(self) -> float:
+        """The largest "may waste at most P%" figure the engine warns about (0.0 if none)."""
+        return max((p for _, p in self.padding_warnings), default=0.0)
+
+
 @dataclass(frozen=True)
-class KVCacheLayout:
+class KVCacheLayout(PaddingSummary):
     """How vLLM lays out the KV cache of a model on one GPU.
 
     Attributes:
@@ -311,16 +227,6 @@ class KVCacheLayout:
         return min(g.spec.block_size for g in self.groups)
 
     @property
-    def padding_layers(self) -> int:
-        """Padding layers added in total (0 when the warning is not printed)."""
-        return sum(n for n, _ in self.padding_warnings)
-
-    @property
-    def padding_waste_pct(self) -> float:
-        """The largest "may waste at most P%" figure the engine warns about (0.0 if none)."""
-        return max((p for _, p in self.padding_warnings), default=0.0)
-
-    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one token occupies on one GPU summed over cache-owning layers.
 
@@ -346,7 +252,7 @@ def _layer_spec(
     if layer.kind == "mla":
         # MLAAttentionSpec: one latent, no V, one "head"; replicated on every rank.
         return LayerCacheSpec(index, "mla", block_size, 1, layer.head_dim, 0, dtype_bytes)
-    kv_heads = max(1, layer.num_kv_heads // tp)
+    kv_heads = kv_heads_per_gpu(layer, tp)
     # vLLM caches a V slot even when a model shares K and V (Gemma 4 global
     # layers load K weights into both slots), so v_head_dim 0 means "same as K".
     v_dim = layer.v_head_dim or layer.head_dim
@@ -408,8 +314,8 @@ def layer_cache_specs(
     ``mla_attention.py``): layers that reuse another layer's cache are left out.
     """
     bs = default_block_size(device) if block_size is None else block_size
-    _check_block_size(bs)
-    check_tensor_parallel(spec, tp)
+    check_block_size(bs)
+    check_tp(spec, tp)
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
     layers = [
         _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp)
@@ -645,7 +551,7 @@ def capacity(
     layout = kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device)
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(device)
-    in_flight = (2 if async_scheduling else 1) * max_num_batched_tokens
+    in_flight = in_flight_tokens(max_num_batched_tokens, async_scheduling)
     available = int(available_kv_bytes)
     needed = min_kv_bytes_for_one_request(layout, max_model_len, in_flight)
     if needed > available:

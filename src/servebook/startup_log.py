@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servebook.errors import ServebookError
+from servebook.kv_cache import PaddingSummary
 
 GIB = 2**30
 
@@ -109,7 +110,7 @@ def _gib_to_bytes(gib: float | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class StartupLog:
+class StartupLog(PaddingSummary):
     """Numbers read from one engine start-up log (None where the log is silent).
 
     GiB fields are the figures as printed (2 decimals); ``*_bytes`` properties
@@ -179,16 +180,6 @@ class StartupLog:
     max_model_len: int | None = None
     v0_gpu_blocks: int | None = None
     v0_cpu_blocks: int | None = None
-
-    @property
-    def padding_layers(self) -> int:
-        """Padding layers the engine added (0 when it printed no warning)."""
-        return sum(n for n, _ in self.padding_warnings)
-
-    @property
-    def padding_waste_pct(self) -> float:
-        """Largest "may waste at most P%" figure printed (0.0 if none)."""
-        return max((p for _, p in self.padding_warnings), default=0.0)
 
     @property
     def available_kv_cache_bytes(self) -> int | None:

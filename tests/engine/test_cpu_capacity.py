@@ -272,8 +272,8 @@ print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 
 @pytest.mark.vllm_env
 def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
-    from servebook.kv_cache import (CUDA_DEFAULT_BLOCK_SIZE, KV_DTYPE_BYTES, SLIDING_KERNEL_BLOCK_SIZE)
-    from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
+    from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPE_BYTES,
+                                      SLIDING_KERNEL_BLOCK_SIZE, vllm_batch_defaults)
 
     proc = vllm_probe.run_source(tmp_path, DEFAULTS)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -49,7 +49,7 @@ def _ids() -> list[str]:
 
 def plan_commands() -> dict[str, list[str]]:
     """argv after ``vllm serve`` of each command the pages build with servebook plan."""
-    from servebook.commands.plan import make_plan
+    from servebook import make_plan
 
     out = {}
     for entry in CLAIMS.get("plan_command", []):

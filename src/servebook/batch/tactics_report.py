@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servebook.engine_env import REPO_ROOT
 from servebook.lab.errors import LabError
+from servebook.records import results_path
 
 SCHEMA = "servebook.batch_tactics/1"
 #: Where the GPU runs are committed, under the name the lab's Record cell gives them.
-RECORDED_DIR = REPO_ROOT / "labs" / "results" / "batch_tactics"
+RECORDED_DIR = results_path("batch_tactics")
 #: Top-level fields a result must carry to be rendered (provenance and the measurement itself).
 REQUIRED = ("date", "profile", "gpu", "vllm_version", "model_id", "config", "config_sha256", "engine_args",
             "profile_settings", "cases")

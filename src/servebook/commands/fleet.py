@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 
 
 def register(sub) -> None:
@@ -58,7 +58,6 @@ def _need(args, *names):
 #: (option, smallest allowed value, what it is) for the numeric options of a fleet plan; None values are unset.
 _AT_LEAST = (
     ("gpus", 1, "GPUs in the fleet"),
-    ("tp", 1, "tensor-parallel size"),
     ("requests", 1, "requests in the job"),
     ("input-tokens", 1, "mean prompt length in tokens"),
     ("output-tokens", 1, "mean output length in tokens"),
@@ -75,6 +74,7 @@ _AT_LEAST = (
 
 def check_numbers(args) -> None:
     """Refuse a negative or zero option where it makes no sense, naming the option and its lower bound."""
+    check_tp_size(args.tp)
     for name, low, what in _AT_LEAST:
         value = getattr(args, name.replace("-", "_"))
         if value is not None and value < low:
@@ -83,7 +83,8 @@ def check_numbers(args) -> None:
 
 def run(args) -> int:
     from servebook.hf_config import load_model_spec
-    from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, compare_with_draft, plan
+    from servebook.draft.fleet import compare_with_draft
+    from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, plan
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients
     from servebook.perf.speculative import Drafter

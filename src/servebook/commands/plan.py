@@ -7,62 +7,25 @@
                    [--block-size N] [--max-num-batched-tokens N]
                    [--available-kv-gib X] [--json]
 
-It predicts the four start-up claims (:mod:`servebook.memory`), the KV
-cache the rest buys (:mod:`servebook.kv_cache`), and the flags to serve with.
-``--available-kv-gib`` skips the budget and starts from a logged
-``Available KV cache memory`` figure instead.
-
-Defaults are vLLM 0.27.1's for ``vllm serve`` (usage context
-``OPENAI_API_SERVER``, ``EngineArgs.get_batch_defaults`` in
-``engine/arg_utils.py``): on GPUs with at least 70 GiB that are not A100s,
-``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 1024; otherwise 2048 and
-256; both capped at ``max_num_seqs x max_model_len``. ``gpu_memory_utilization``
-defaults to 0.92 (``config/cache.py``); the block size to 16 on CUDA.
-
-**Recommended ``--max-num-seqs``.** The KV cache holds ``max_concurrency``
-requests at full ``max_model_len`` (the engine's own figure). We recommend
-85% of that ceiling, rounded down, never below 1, never above the ceiling
-itself, and never above vLLM's default ``max_num_seqs`` (the peak-activation
-claim was sized for that many sampled rows). The 15% headroom covers what the
-ceiling does not: blocks held by the prefix cache, the partially filled last
-block of each request, and requests admitted while others still hold their
-full context. Below the ceiling, a full-length workload is not preempted;
-above it, vLLM preempts and recomputes.
+Argument parsing and the printed table only; the plan itself is
+:func:`servebook.plan.make_plan` (its docstring gives the defaults and the
+rule behind the recommended ``--max-num-seqs``).
 """
 from __future__ import annotations
 
 import json
-import math
-import re
-import shlex
-from dataclasses import dataclass
-from pathlib import Path
 
 from servebook import PINNED_VLLM
 from servebook.errors import ServebookError
-from servebook.kv_cache import (
-    Capacity,
-    capacity,
-    default_block_size,
-    kv_cache_layout,
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, load_coefficients
+from servebook.plan import (  # noqa: F401  (re-exported for callers of the old home)
+    DEFAULT_GPU,
+    KV_CACHE_DTYPES,
+    MAX_NUM_SEQS_FRACTION,
+    Plan,
+    make_plan,
+    recommended_max_num_seqs,
 )
-from servebook.memory import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    GIB,
-    MemoryBudget,
-    check_utilization,
-    load_coefficients,
-    memory_budget,
-    vllm_batch_defaults,
-    weights_bytes_per_gpu,
-)
-from servebook.model_spec import ModelSpec
-
-#: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
-DEFAULT_GPU = "H200"
-#: Fraction of the KV ceiling recommended for ``--max-num-seqs`` (see module docstring).
-MAX_NUM_SEQS_FRACTION = 0.85
-KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _known_gpus() -> str:
@@ -104,248 +67,6 @@ def register(sub) -> None:
                    help="start from a logged 'Available KV cache memory' (GiB per GPU) instead of the budget")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything ``servebook plan`` prints."""
-
-    spec: ModelSpec
-    model_ref: str
-    gpu_name: str | None
-    gpu_memory_bytes: int | None
-    tp: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    default_max_num_seqs: int
-    gpu_memory_utilization: float
-    kv_cache_dtype: str
-    block_size: int | None
-    budget: MemoryBudget | None
-    available_kv_bytes: int
-    capacity: Capacity
-    recommended_max_num_seqs: int
-    coefficients_summary: str = ""
-
-    def serve_command(self) -> str:
-        """A ``vllm serve`` command line with the flags this plan used (real 0.27.1 flags)."""
-        args = [
-            "vllm", "serve", self.model_ref,
-            "--tensor-parallel-size", str(self.tp),
-            "--max-model-len", str(self.max_model_len),
-            "--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--max-num-seqs", str(self.recommended_max_num_seqs),
-        ]
-        if self.kv_cache_dtype != "auto":
-            args += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.block_size is not None:
-            args += ["--block-size", str(self.block_size)]
-        return shlex.join(args)
-
-    def to_dict(self) -> dict:
-        cap = self.capacity
-        b = self.budget
-        return {
-            "model": self.spec.name,
-            "vllm_rules": PINNED_VLLM,
-            "gpu": self.gpu_name,
-            "gpu_memory_gib": None if self.gpu_memory_bytes is None else self.gpu_memory_bytes / GIB,
-            "tp": self.tp,
-            "max_model_len": self.max_model_len,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "block_size": cap.block_size,
-            "kv_bytes_per_token": cap.layout.kv_bytes_per_token,
-            "weights_gib": weights_bytes_per_gpu(self.spec, self.tp) / GIB,
-            "activation_gib": None if b is None else b.activation_gib,
-            "non_torch_gib": None if b is None else b.non_torch_gib,
-            "cudagraph_gib": None if b is None else b.cudagraph_gib,
-            "budget_source": "logged (--available-kv-gib)" if b is None else f"model, coefficients {self.coefficients_summary}",
-            "coefficients_status": self.coefficients_summary,
-            "available_kv_gib": self.available_kv_bytes / GIB,
-            "num_gpu_blocks": cap.num_gpu_blocks,
-            "kv_cache_tokens": cap.kv_cache_tokens,
-            "max_concurrency": cap.max_concurrency,
-            "kv_cache_groups": len(cap.layout.groups),
-            "padding_layers": cap.padding_layers,
-            "padding_waste_pct": cap.padding_waste_pct,
-            "recommended_max_num_seqs": self.recommended_max_num_seqs,
-            "vllm_serve_command": self.serve_command(),
-        }
-
-
-def recommended_max_num_seqs(max_concurrency: float, default_max_num_seqs: int) -> int:
-    """85% of the KV ceiling, at least 1, at most the ceiling and vLLM's default."""
-    ceiling = math.floor(max_concurrency)
-    if ceiling < 1:
-        raise ServebookError("the KV cache cannot hold one request of max_model_len; lower --max-model-len")
-    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * max_concurrency), ceiling, default_max_num_seqs))
-
-
-def _resolve_gpu(name: str) -> tuple[str, int]:
-    try:
-        from servebook.hardware import get_gpu
-    except ImportError:  # pragma: no cover - the catalogue ships with the package
-        raise ServebookError("the GPU catalogue (servebook.hardware) is not available; pass --available-kv-gib") from None
-    gpu = get_gpu(name)
-    return getattr(gpu, "name", name), int(gpu.memory_bytes)
-
-
-def _hub_repo(reference_id: str) -> str | None:
-    """The Hub repo of a shipped reference config (``data/models/SOURCES.md``), or None."""
-    sources = Path(__file__).resolve().parents[1] / "data" / "models" / "SOURCES.md"
-    try:
-        for line in sources.read_text().splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) >= 2 and cells[0] == reference_id and re.fullmatch(r"[\w.-]+/[\w.-]+", cells[1]):
-                return cells[1]
-    except OSError:
-        pass
-    return None
-
-
-def _model_ref(config: str, spec: ModelSpec) -> str:
-    """What to put after ``vllm serve``.
-
-    A reference id, or a path to one of the shipped reference configs
-    (``data/models/<id>.json``): its Hub repo. A ``config.json`` or a model
-    directory: that directory (vLLM loads a directory or a Hub id, never a
-    bare JSON file). Any other JSON file: a ``MODEL_DIR`` placeholder.
-    """
-    path = Path(config)
-    if path.is_dir():
-        return str(path)
-    if path.is_file():
-        models = Path(__file__).resolve().parents[1] / "data" / "models"
-        if path.resolve().parent == models.resolve() and (repo := _hub_repo(path.stem)):
-            return repo
-        return str(path.parent) if path.name == "config.json" else "MODEL_DIR"
-    return _hub_repo(config) or config
-
-
-#: hf_config names one missing field at a time ("... lacks 'X'; add it (an integer) ...").
-_LACKS = re.compile(r"lacks '([^']+)'; add it \(an integer\)")
-
-
-def _load_spec(config: str) -> ModelSpec:
-    """Load the model; a config that lacks several fields names all of them at once.
-
-    ``servebook.hf_config`` stops at the first missing field. For a JSON file,
-    this asks it again with each reported field filled by a placeholder, to
-    collect the full list the reader must add (at most 32 rounds).
-    """
-    from servebook.errors import ConfigError
-    from servebook.hf_config import load_model_spec
-
-    try:
-        return load_model_spec(config)
-    except ConfigError as first:
-        m = _LACKS.search(str(first))
-        path = Path(config)
-        cfg_path = path / "config.json" if path.is_dir() else path
-        if m is None or not cfg_path.is_file():
-            raise
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError):
-            raise first from None
-        missing = []
-        while m is not None and len(missing) < 32 and m.group(1) not in missing:
-            missing.append(m.group(1))
-            cfg[m.group(1)] = 1
-            try:
-                load_model_spec(cfg)
-                m = None
-            except ConfigError as exc:
-                m = _LACKS.search(str(exc))
-        raise ConfigError(
-            f"{cfg_path} lacks {', '.join(repr(k) for k in missing)}; add "
-            f"{'them' if len(missing) > 1 else 'it'} (integers) — copy the model's published config.json "
-            "rather than writing one by hand"
-        ) from None
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ServebookError(f"--{name} {value} is out of range; use a positive integer")
-
-
-def make_plan(
-    config: str,
-    *,
-    gpu: str | None = None,
-    tp: int = 1,
-    max_model_len: int | None = None,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    kv_cache_dtype: str = "auto",
-    block_size: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    available_kv_gib: float | None = None,
-) -> Plan:
-    """Compute a :class:`Plan` (the CLI's work, callable from notebooks)."""
-    check_utilization(gpu_memory_utilization)
-    _positive("tp", tp)
-    _positive("max-model-len", max_model_len)
-    _positive("max-num-batched-tokens", max_num_batched_tokens)
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ServebookError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
-    if available_kv_gib is not None and not (available_kv_gib > 0 and math.isfinite(available_kv_gib)):
-        raise ServebookError(f"--available-kv-gib {available_kv_gib} is out of range; use a positive number of GiB")
-    spec = _load_spec(config)
-    if max_model_len is None:
-        max_model_len = spec.max_position_embeddings
-        if max_model_len < 1:
-            raise ServebookError(f"{spec.name} has no max_position_embeddings; pass --max-model-len")
-    elif spec.max_position_embeddings and max_model_len > spec.max_position_embeddings:
-        raise ServebookError(
-            f"--max-model-len {max_model_len} exceeds the model's max_position_embeddings "
-            f"({spec.max_position_embeddings}); use a value in [1, {spec.max_position_embeddings}]"
-        )
-    # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
-    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
-
-    # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
-    gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
-    default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len)
-    tokens = max_num_batched_tokens or default_tokens
-
-    budget = None
-    if available_kv_gib is not None:
-        available = round(available_kv_gib * GIB)
-    else:
-        budget = memory_budget(
-            spec,
-            gpu_memory_bytes=gpu_bytes,
-            max_num_batched_tokens=tokens,
-            max_num_seqs=default_seqs,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tp=tp,
-        )
-        available = budget.available_kv_bytes
-    cap = capacity(
-        spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
-        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
-    )
-    return Plan(
-        spec=spec,
-        model_ref=_model_ref(config, spec),
-        gpu_name=gpu_name,
-        gpu_memory_bytes=gpu_bytes,
-        tp=tp,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=tokens,
-        default_max_num_seqs=default_seqs,
-        gpu_memory_utilization=gpu_memory_utilization,
-        kv_cache_dtype=kv_cache_dtype,
-        block_size=block_size,
-        budget=budget,
-        available_kv_bytes=available,
-        capacity=cap,
-        recommended_max_num_seqs=recommended_max_num_seqs(cap.max_concurrency, default_seqs),
-        coefficients_summary=load_coefficients().summary,
-    )
 
 
 def _table(plan: Plan) -> str:

@@ -5,7 +5,7 @@ import json
 import math
 
 from servebook.errors import ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearStepTime, SchedulerConfig, simulate,
                                  synthetic_workload_with_truncation)
 from servebook.simulator.step_time import PerfStepTime, perf_step_time_for
@@ -69,8 +69,7 @@ def _step_model(args):
     if missing:
         raise ServebookError(f"--step-model perf needs {' and '.join(missing)} "
                              "(e.g. --config llama-3.1-8b --gpu h200)")
-    if args.tp < 1:
-        raise ServebookError(f"--tp {args.tp} is out of range; use a positive integer")
+    check_tp_size(args.tp)
     step, where = perf_step_time_for(args.config, args.gpu, tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
                                      max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens,
@@ -85,14 +84,12 @@ def run(args) -> int:
     if num_blocks is None:
         num_blocks = 4096
         if isinstance(step_model, PerfStepTime):
-            from servebook.commands.plan import make_plan
-            from servebook.kv_cache import usable_kv_blocks
+            from servebook.simulator.sizing import planned_num_blocks
 
-            plan = make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
-                             kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
-                             max_num_batched_tokens=args.max_num_batched_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization)
-            num_blocks = usable_kv_blocks(plan.capacity.num_gpu_blocks)
+            num_blocks = planned_num_blocks(args.config, args.gpu, tp=args.tp, max_model_len=args.max_model_len,
+                                            kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+                                            max_num_batched_tokens=args.max_num_batched_tokens,
+                                            gpu_memory_utilization=args.gpu_memory_utilization)
             step_note += f"; {num_blocks} KV blocks from the memory model"
     config = SchedulerConfig(
         num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,

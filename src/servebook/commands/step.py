@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
-from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.vllm_rules import DEFAULT_CUDAGRAPH_MAX_TOKENS, DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def register(sub) -> None:
@@ -30,8 +30,9 @@ def register(sub) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                    help="fraction of GPU memory vLLM may use, for the KV capacity check "
                         f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
-    p.add_argument("--cudagraph-max-tokens", type=int, default=512,
-                   help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly (default 512)")
+    p.add_argument("--cudagraph-max-tokens", type=int, default=DEFAULT_CUDAGRAPH_MAX_TOKENS,
+                   help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly "
+                        f"(default {DEFAULT_CUDAGRAPH_MAX_TOKENS})")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -42,7 +43,8 @@ def run(args) -> int:
     from servebook.perf.fleet import check_decode_fits
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients, decode_step, prefill_step
-    from servebook.perf.work import check_sequence_length, check_tp
+    from servebook.perf.work import check_sequence_length
+    from servebook.vllm_rules import check_tp
 
     spec = load_model_spec(args.config)
     gpu = gpu_numbers(args.gpu)

@@ -11,16 +11,17 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from servebook.engine_env import REPO_ROOT
 from servebook.errors import ServebookError
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.records import RESULTS_ENV, checkout_root, results_path
+from servebook.shipped import BENCH_DIR, STARTUP_LOGS_DIR
 
 GIB = 2**30
 
-#: Recorded material the debugging drills read (tests/fixtures and labs/results).
-STARTUP_LOGS = REPO_ROOT / "tests" / "fixtures" / "startup_logs"
-BENCH_CAPTURES = REPO_ROOT / "tests" / "fixtures" / "bench"
-STEP_TIMING = REPO_ROOT / "labs" / "results" / "step_timing"
+#: Recorded material the debugging drills read (shipped start-ups and capture; recorded step timings).
+STARTUP_LOGS = STARTUP_LOGS_DIR
+BENCH_CAPTURES = BENCH_DIR
+STEP_TIMING = results_path("step_timing")
 
 
 @lru_cache(maxsize=None)
@@ -83,7 +84,7 @@ def naive_kv_gib_per_sequence(model: str, context: int, kv_cache_dtype: str = "a
 
 
 def _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization):
-    from servebook.commands.plan import make_plan
+    from servebook.plan import make_plan
 
     return make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
                      gpu_memory_utilization=gpu_memory_utilization)
@@ -381,7 +382,8 @@ def predicted_padding_layers(name: str) -> float:
 def _step_timing(model_file: str) -> dict:
     path = STEP_TIMING / f"{model_file}.json"
     if not path.exists():
-        raise ServebookError(f"no recorded step timing {path}")
+        raise ServebookError(f"no recorded step timing {path}; run inside the book's checkout or set "
+                             f"{RESULTS_ENV} to its labs/results folder")
     return json.loads(path.read_text())
 
 
@@ -541,7 +543,7 @@ def _lab_measurements(lab: str) -> tuple[str, dict]:
 def repo_relative(path: Path) -> str:
     """``path`` relative to the repository root when it lies inside it (as error messages name files)."""
     try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
+        return str(Path(path).resolve().relative_to(checkout_root()))
     except ValueError:
         return str(path)
 

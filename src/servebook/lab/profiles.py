@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servebook.cpu_features import kv_cache_dtype_support
-from servebook.engine_env import REPO_ROOT, cpu_engine_env, vllm_python
+from servebook.engine_env import cpu_engine_env, vllm_python
 from servebook.lab.errors import LabError
+from servebook.shipped import MODELS_DIR, PACKAGE_PARENT
 from servebook.tiny_model import TINY_LLAMA_CONFIG, language_model_config
 
 PROFILES = ("cpu-smoke", "gpu")
-MODELS_DIR = REPO_ROOT / "src" / "servebook" / "data" / "models"
 
 #: Per-lab sizes. Only the sizes differ between profiles; the code path is the same.
 LAB_PARAMS: dict[str, dict[str, dict]] = {
@@ -175,7 +175,7 @@ class Profile:
 
     def engine_env(self) -> dict[str, str]:
         """Environment for engine processes (CPU: KV space, cores, offline; GPU: as is, offline)."""
-        src = str(REPO_ROOT / "src")
+        src = str(PACKAGE_PARENT)
         if self.device == "cpu":
             env = cpu_engine_env(self.cpu_kv_cache_gib)
         else:
@@ -207,7 +207,7 @@ def _written_model_dir(config_json: str) -> Path:
     out = Path(tempfile.mkdtemp(prefix="servebook-lab-model-"))
     code = ("import json, sys; from servebook.tiny_model import write_model_dir; "
             "write_model_dir(sys.argv[1], json.loads(sys.argv[2]))")
-    src, prior = str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH")
+    src, prior = str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")
     env = dict(os.environ, PYTHONPATH=src + (os.pathsep + prior if prior else ""))
     proc = subprocess.run([str(vllm_python()), "-c", code, str(out), config_json],
                           capture_output=True, text=True, timeout=120, env=env)

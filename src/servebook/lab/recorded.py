@@ -29,13 +29,13 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
-from servebook.engine_env import REPO_ROOT
 from servebook.lab.errors import LabError
 from servebook.lab.results import REQUIRED, SCHEMA
 from servebook.lab.table import ratio
+from servebook.records import results_path
 
 #: Where the GPU runs are committed (``labs/results/labs/<lab>_gpu.json``).
-RECORDED_DIR = REPO_ROOT / "labs" / "results" / "labs"
+RECORDED_DIR = results_path("labs")
 #: The labs this module summarises, by the ``lab`` field of their result files.
 LABS = ("l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv", "l5_chunked_prefill",
         "l6_prefix_caching")

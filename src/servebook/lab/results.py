@@ -13,14 +13,14 @@ import json
 import os
 from pathlib import Path
 
-from servebook.engine_env import REPO_ROOT
 from servebook.lab.offline import engine_provenance
 from servebook.lab.profiles import Profile
 from servebook.lab.server import LOCK_WAIT_S
 from servebook.provenance import config_sha256, utc_now_iso
+from servebook.records import results_path
 
 SCHEMA = "servebook.lab/1"
-DEFAULT_DIR = REPO_ROOT / "labs" / "results" / "labs"
+DEFAULT_DIR = results_path("labs")
 REQUIRED = ("schema", "lab", "date", "gpu", "vllm_version", "profile", "model_id", "config",
             "config_sha256", "engine_args", "measurements")
 

@@ -219,12 +219,13 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
     reported gets ``ok`` False, ``"not_run": True`` and an error saying why (a lab with a
     deadline records what it measured instead of nothing).
     """
-    from servebook.engine_env import REPO_ROOT, vllm_python
+    from servebook.engine_env import vllm_python
     from servebook.lab.errors import LabError
     from servebook.lab.server import kill_group, timed_engine_lock
+    from servebook.shipped import PACKAGE_PARENT
 
     env = dict(env or os.environ)
-    src = str(REPO_ROOT / "src")
+    src = str(PACKAGE_PARENT)
     if src not in env.get("PYTHONPATH", ""):
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     batches = [[j] for j in jobs] if isolate else [list(jobs)]

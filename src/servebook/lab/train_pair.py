@@ -371,14 +371,15 @@ def train_pair_in_engine_env(out_dir: str | Path, sizes: dict, *, env: dict | No
     The training log is printed. Raises :class:`servebook.lab.errors.LabError` with the
     child's last output when it fails.
     """
-    from servebook.engine_env import REPO_ROOT, vllm_python
+    from servebook.engine_env import vllm_python
     from servebook.lab.errors import LabError
     from servebook.lab.server import timed_engine_lock
+    from servebook.shipped import PACKAGE_PARENT
 
     check_sizes(sizes)
     out = Path(out_dir)
     env = dict(env or os.environ)
-    src = str(REPO_ROOT / "src")
+    src = str(PACKAGE_PARENT)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [str(vllm_python()), "-m", "servebook.lab.train_pair", str(out), "--sizes", json.dumps(sizes),
            "--seed", str(seed), "--device", device, "--dtype", dtype]

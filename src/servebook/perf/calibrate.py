@@ -36,9 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
+from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
-from servebook.perf.model import (CALIBRATION_FILE, Coefficients, cudagraph_max_tokens, decode_step,
+from servebook.perf.model import (CALIBRATION_FILE, DEFAULT_CUDAGRAPH_MAX_TOKENS, Coefficients, cudagraph_max_tokens, decode_step,
                                   prefill_request_s, step_seconds)
 from servebook.perf.work import (
     allreduce_bytes,
@@ -61,8 +62,7 @@ SPLIT_RULE = (
     "prefill: per model, rank prompt lengths (i); held out when i is odd, except the longest prompt."
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_RESULTS_DIR = REPO_ROOT / "labs" / "results" / "step_timing"
+DEFAULT_RESULTS_DIR = results_path("step_timing")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Point:
     tp: int = 1
     kv_cache_dtype: str = "auto"
     max_num_batched_tokens: int = 8192
-    cudagraph_max_tokens: int = 512
+    cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS
 
 
 # ---------------------------------------------------------------------------
@@ -351,7 +351,8 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> dict:
     specs: dict[str, ModelSpec] = {}
     sources = []
     for f in files:
-        rel = str(f.relative_to(REPO_ROOT)) if f.is_relative_to(REPO_ROOT) else str(f)
+        root = checkout_root()
+        rel = str(f.relative_to(root)) if f.is_relative_to(root) else str(f)
         for rec in read_results(f):
             specs[rec["model"]["id"]] = model_spec_of(rec)
             pts = points_of(rec, rel)

@@ -53,6 +53,7 @@ from servebook.perf.work import (
     prefill_work,
     prompt_chunks,
 )
+from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -209,19 +210,6 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     return {"step_s": overhead_s + body_s, "overhead_s": overhead_s,
             "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
             "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
-
-
-#: vLLM 0.27.1's default largest CUDA-graph size when ``max_num_seqs`` >= 256
-#: (``min(max_num_seqs x (1 + drafts) x 2, 512, max_num_batched_tokens)``, vllm/config/vllm.py).
-DEFAULT_CUDAGRAPH_MAX_TOKENS = 512
-
-
-def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int, *, enforce_eager: bool = False,
-                         num_speculative_tokens: int = 0) -> int:
-    """Largest step (tokens) vLLM replays as a CUDA graph; bigger steps run eagerly (0 with enforce_eager)."""
-    if enforce_eager:
-        return 0
-    return min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512, max_num_batched_tokens)
 
 
 def _moe_layers(spec: ModelSpec) -> int:

@@ -35,26 +35,24 @@ import numpy as np
 from servebook.errors import ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
-
-#: Bytes per element of the KV cache for the ``--kv-cache-dtype`` values vLLM accepts.
-KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
+from servebook.vllm_rules.cache import sliding_window_hold_tokens
+from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu  # noqa: F401 (check_tp re-exported)
 
 #: Bytes per activation element moved by a TP all-reduce (bf16 activations).
 ACTIVATION_BYTES = 2
 
 
 def kv_dtype_bytes(kv_cache_dtype: str | int) -> int:
-    """Bytes per KV element for a vLLM ``kv_cache_dtype`` name (or a byte count)."""
+    """Bytes per KV element for a vLLM ``kv_cache_dtype`` name (any case) or a byte count (1, 2 or 4).
+
+    Names follow :data:`servebook.vllm_rules.cache.KV_DTYPE_BYTES`.
+    """
     if isinstance(kv_cache_dtype, int):
         if kv_cache_dtype not in (1, 2, 4):
             raise ServebookError(f"KV element size {kv_cache_dtype} bytes is not 1, 2 or 4")
         return kv_cache_dtype
-    try:
-        return KV_DTYPE_BYTES[str(kv_cache_dtype).lower()]
-    except KeyError:
-        raise ServebookError(
-            f"unknown kv_cache_dtype {kv_cache_dtype!r}; use one of {sorted(KV_DTYPE_BYTES)}"
-        ) from None
+    return _kv_dtype_bytes(str(kv_cache_dtype).lower())
 
 
 def check_sequence_length(spec: ModelSpec, tokens: float, what: str, fix: str) -> None:
@@ -69,39 +67,6 @@ def check_sequence_length(spec: ModelSpec, tokens: float, what: str, fix: str) -
                              f"{spec.max_position_embeddings:,} max_position_embeddings; {fix}")
 
 
-def check_tp(spec: ModelSpec, tp: int) -> None:
-    """Raise a ServebookError when vLLM could not shard ``spec`` over ``tp`` GPUs.
-
-    vLLM requires the query heads to divide evenly over the TP ranks, and the KV
-    heads either to divide evenly or to be replicated (``tp`` a multiple of them).
-    """
-    if not isinstance(tp, int) or tp < 1:
-        raise ServebookError(f"tensor parallel size must be a positive integer, got {tp!r}")
-    heads = spec.num_attention_heads
-    if heads % tp:
-        ok = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]
-        raise ServebookError(
-            f"tensor parallel size {tp} does not divide {spec.name}'s {heads} attention heads; "
-            f"choose --tp from {ok}"
-        )
-    for i, layer in enumerate(spec.layers):
-        if layer.kind == "mla":
-            continue
-        kv = layer.num_kv_heads
-        if kv % tp and tp % kv:
-            raise ServebookError(
-                f"tensor parallel size {tp} neither divides nor is a multiple of the "
-                f"{kv} KV heads of layer {i}; choose a --tp that divides {kv} or is a multiple of it"
-            )
-
-
-def kv_heads_per_gpu(layer: AttentionLayer, tp: int) -> float:
-    """KV heads one TP rank holds for ``layer`` (replicated when ``tp`` exceeds them)."""
-    if layer.kind == "mla":
-        return 1.0
-    return max(layer.num_kv_heads / tp, 1.0)
-
-
 def kv_elements_per_token_per_gpu(layer: AttentionLayer, tp: int) -> float:
     """KV elements per token one TP rank stores/reads for ``layer``.
 
@@ -111,7 +76,7 @@ def kv_elements_per_token_per_gpu(layer: AttentionLayer, tp: int) -> float:
     """
     if layer.kind == "mla":
         return float(layer.head_dim)
-    return kv_heads_per_gpu(layer, tp) * (layer.head_dim + (layer.v_head_dim or layer.head_dim))
+    return float(kv_heads_per_gpu(layer, tp)) * (layer.head_dim + (layer.v_head_dim or layer.head_dim))
 
 
 def _attention_dims(spec: ModelSpec, layer: AttentionLayer) -> int:
@@ -374,6 +339,6 @@ def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
         if not layer.owns_cache:
             continue
         held = ctx if layer.sliding_window is None else np.minimum(
-            ctx, layer.sliding_window - 1 + sliding_extra_tokens)
+            ctx, sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens))
         total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
     return total

@@ -199,13 +199,14 @@ def run_engine(case: EngineCase) -> dict:
 
 def record_engine_trace(case: EngineCase, timeout_s: float = 600) -> dict:
     """Run :func:`run_engine` in the vLLM environment (subprocess, engine lock held)."""
-    from servebook.engine_env import REPO_ROOT, cpu_engine_env, run_in_engine_env
+    from servebook.engine_env import cpu_engine_env, run_in_engine_env
+    from servebook.shipped import PACKAGE_PARENT
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         handle.write(case.to_json())
     env = cpu_engine_env(1)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    env["PYTHONPATH"] = str(REPO_ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(PACKAGE_PARENT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = run_in_engine_env(["-m", "servebook.simulator.engine_trace", handle.name],
                              timeout_s=timeout_s, env=env)
     os.unlink(handle.name)

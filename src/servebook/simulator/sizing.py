@@ -91,10 +91,26 @@ def poisson_requests(rate_per_s: float, num_requests: int, input_tokens: int, ou
     return [RequestSpec(f"r{i}", input_tokens, output_tokens, float(t)) for i, t in enumerate(arrivals)]
 
 
+def planned_num_blocks(model: str, gpu: str, *, tp: int = 1, max_model_len: int | None = None,
+                       kv_cache_dtype: str = "auto", block_size: int | None = None,
+                       max_num_batched_tokens: int | None = None,
+                       gpu_memory_utilization: float | None = None) -> int:
+    """Usable KV blocks (count) vLLM would allocate for ``model`` on ``gpu``, per the memory model.
+
+    The plan's GPU blocks (:func:`servebook.plan.make_plan`) less vLLM's null block.
+    """
+    from servebook.plan import make_plan
+
+    extra = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+    plan = make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
+                     block_size=block_size, max_num_batched_tokens=max_num_batched_tokens, **extra)
+    return usable_kv_blocks(plan.capacity.num_gpu_blocks)
+
+
 @lru_cache(maxsize=64)
 def _replica_setup(model: str, gpu: str, tp: int, max_model_len: int, kv_cache_dtype: str):
     """KV pool, vLLM batch defaults and step-time model of one replica (cached: loading is the slow part)."""
-    from servebook.commands.plan import make_plan
+    from servebook.plan import make_plan
     from servebook.simulator.step_time import perf_step_time_for
 
     plan = make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype, block_size=16)

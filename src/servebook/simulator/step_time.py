@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servebook.errors import ServebookError
+from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
 
 
 class StepTimeModel(Protocol):
@@ -84,7 +85,7 @@ class PerfStepTime:
         tp: tensor-parallel size; times are per step of the TP group.
         kv_cache_dtype: ``auto`` or ``fp8``.
         cudagraph_max_tokens: largest step replayed as a CUDA graph (larger ones run
-            eagerly); see :func:`servebook.perf.model.cudagraph_max_tokens`.
+            eagerly); see :func:`servebook.vllm_rules.compilation.cudagraph_max_tokens`.
     """
 
     spec: object
@@ -92,7 +93,7 @@ class PerfStepTime:
     coeffs: object
     tp: int = 1
     kv_cache_dtype: str = "auto"
-    cudagraph_max_tokens: int = 512
+    cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS
     _pricer: object = field(default=None, init=False, repr=False, compare=False)
     _prefill: object = field(default=None, init=False, repr=False, compare=False)
     _decode_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -165,7 +166,7 @@ class PerfStepTime:
 
 
 def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "auto",
-                   cudagraph_max_tokens: int = 512) -> PerfStepTime:
+                   cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> PerfStepTime:
     """A :class:`PerfStepTime` for ``spec`` on ``gpu`` with calibrated ``coeffs``."""
     return PerfStepTime(spec, gpu, coeffs, tp=tp, kv_cache_dtype=kv_cache_dtype,
                         cudagraph_max_tokens=cudagraph_max_tokens)
@@ -182,8 +183,8 @@ def perf_step_time_for(config: str, gpu: str, *, tp: int = 1, kv_cache_dtype: st
     """
     from servebook.hf_config import load_model_spec
     from servebook.perf.gpu import gpu_numbers
-    from servebook.perf.model import calibrated_coefficients, cudagraph_max_tokens
-    from servebook.perf.work import check_tp
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.vllm_rules import check_tp
 
     spec = load_model_spec(config)
     g = gpu_numbers(gpu)

@@ -1,0 +1,61 @@
+"""Where recorded lab results are: the one module that knows the repository's ``labs/results``.
+
+Everything servebook ships (model configs, the GPU catalogue, fitted coefficients and the
+start-up logs they were fitted on, the step-time calibration, the drills) lives inside the
+package. What the GPU labs *recorded* does not: it stays in the book's checkout, under
+``labs/results/``, and every reader asks this module where that folder is:
+
+1. an explicit ``directory`` argument;
+2. else ``$SERVEBOOK_RESULTS_DIR``;
+3. else the nearest ``labs/results`` folder at or above the current directory (a page,
+   notebook or lab run anywhere inside the checkout finds it);
+4. else the ``labs/results`` of the checkout this package was imported from (an
+   editable install run from elsewhere).
+
+When none exists the path of step 3 at the current directory is returned, so that a
+reader's ``FileNotFoundError``/``ServebookError`` names a path the user can create or
+replace with ``SERVEBOOK_RESULTS_DIR``. Subfolders: ``labs`` (one JSON per lab run),
+``step_timing`` (H200 step timings the calibration is fitted on), ``batch_tactics``
+(Lab 8), ``raw``, ``startup_logs``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Environment variable naming the results folder (the folder that holds ``labs/``, ``step_timing/`` ...).
+RESULTS_ENV = "SERVEBOOK_RESULTS_DIR"
+#: The results folder, relative to the root of a book checkout.
+_RESULTS_IN_CHECKOUT = Path("labs") / "results"
+
+
+def _found_upward(start: Path) -> Path | None:
+    for base in (start, *start.parents):
+        candidate = base / _RESULTS_IN_CHECKOUT
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def results_dir(directory: str | Path | None = None) -> Path:
+    """The recorded-results folder (see the module docstring for the order it is looked up in)."""
+    if directory is not None:
+        return Path(directory)
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    found = _found_upward(Path.cwd().resolve())
+    if found is None:
+        found = _found_upward(Path(__file__).resolve().parent)
+    return found if found is not None else Path.cwd() / _RESULTS_IN_CHECKOUT
+
+
+def results_path(*parts: str, directory: str | Path | None = None) -> Path:
+    """A path inside the results folder, e.g. ``results_path("labs", "l1_memory_gpu.json")``."""
+    return results_dir(directory).joinpath(*parts)
+
+
+def checkout_root(directory: str | Path | None = None) -> Path:
+    """The book checkout that holds the results folder (where labs run and ``.venv-vllm`` lives)."""
+    results = results_dir(directory).resolve()
+    depth = len(_RESULTS_IN_CHECKOUT.parts)
+    return results.parents[depth - 1] if len(results.parents) >= depth else results

@@ -1,0 +1,18 @@
+"""Paths of the data files servebook ships inside its package (declared as package data).
+
+Recorded lab results are not shipped: :mod:`servebook.records` finds them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: ``servebook/data``: the GPU catalogue, model configs, coefficients, drills, vLLM claims.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+#: Public ``config.json`` files of the reference models (``<id>.json``).
+MODELS_DIR = DATA_DIR / "models"
+#: GPU start-ups (config, flags, log) the shipped memory coefficients are fitted on.
+STARTUP_LOGS_DIR = DATA_DIR / "startup_logs"
+#: A recorded ``vllm bench serve`` capture (server log, /metrics, bench output) the drills show.
+BENCH_DIR = DATA_DIR / "bench"
+#: The directory that holds the ``servebook`` package: put it on an engine child's PYTHONPATH.
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent

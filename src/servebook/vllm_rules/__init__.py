@@ -1,0 +1,45 @@
+"""vLLM 0.27.1's rules and defaults that servebook mirrors: one home for each.
+
+Grouped like vLLM's own ``vllm/config/*`` (each name documents its unit and the
+vLLM source it mirrors; paths are relative to the ``vllm`` package):
+
+    cache        gpu_memory_utilization, block sizes, KV dtype bytes, the sliding-window hold
+    scheduler    batch defaults per GPU class, async scheduling, tokens in flight
+    parallel     tensor-parallel validity, KV heads per GPU
+    compilation  the largest CUDA-graph capture size
+
+``kv_cache``, ``memory``, ``perf`` and ``simulator`` read these; the drift test
+(tests/engine/test_cpu_capacity.py, ``test_defaults_servebook_uses_are_vllm_0_27_1_defaults``)
+checks them against the installed vLLM; tests/test_vllm_rules.py fails when another module
+keeps its own copy.
+"""
+from servebook.vllm_rules.cache import (
+    BLOCK_SIZE_MULTIPLE,
+    CPU_DEFAULT_BLOCK_SIZE,
+    CUDA_DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    KV_DTYPE_BYTES,
+    MAX_BLOCK_SIZE,
+    SLIDING_KERNEL_BLOCK_SIZE,
+    check_block_size,
+    check_utilization,
+    default_block_size,
+    kv_dtype_bytes,
+    sliding_window_hold_tokens,
+)
+from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
+from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_gpu, tp_splits_heads
+from servebook.vllm_rules.scheduler import (
+    LARGE_GPU_BYTES,
+    default_async_scheduling,
+    in_flight_tokens,
+    vllm_batch_defaults,
+)
+
+__all__ = [
+    "BLOCK_SIZE_MULTIPLE", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE", "DEFAULT_CUDAGRAPH_MAX_TOKENS",
+    "DEFAULT_GPU_MEMORY_UTILIZATION", "KV_DTYPE_BYTES", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE",
+    "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
+    "default_async_scheduling", "default_block_size", "in_flight_tokens", "kv_dtype_bytes", "kv_heads_per_gpu",
+    "sliding_window_hold_tokens", "tp_splits_heads", "vllm_batch_defaults",
+]

@@ -1,0 +1,109 @@
+"""Cache rules (vLLM 0.27.1 ``config/cache.py`` and the attention backends).
+
+Units: ``*_BLOCK_SIZE`` and ``*_tokens`` are tokens; ``KV_DTYPE_BYTES`` bytes per
+cached element; utilisation a fraction of total GPU memory.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from servebook.errors import ServebookError
+
+Device = Literal["cuda", "cpu"]
+
+#: ``CacheConfig.gpu_memory_utilization`` default (fraction of total GPU memory) in 0.26.0 and
+#: 0.27.1 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
+#: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (tokens, ``config/cache.py``); CUDA attention
+#: backends (FLASH_ATTN, FLASH_ATTN_MLA on Hopper, TRITON_ATTN) accept it.
+CUDA_DEFAULT_BLOCK_SIZE = 16
+#: Tokens per block on CPU: ``CpuPlatform.check_and_update_config`` (``platforms/cpu.py``)
+#: sets 128 unless ``--block-size`` is given.
+CPU_DEFAULT_BLOCK_SIZE = 128
+#: Smallest kernel block size (tokens) of FLASH_ATTN / TRITON_ATTN / CPU_ATTN
+#: (``get_supported_kernel_block_sizes`` returns ``MultipleOf(16)``); sliding
+#: window layers take it as their own block size.
+SLIDING_KERNEL_BLOCK_SIZE = 16
+#: Every attention backend the book targets needs block sizes (tokens) that are
+#: multiples of 16 (``MultipleOf(16)``); FlashMLA needs exactly 64.
+BLOCK_SIZE_MULTIPLE = 16
+#: ``--block-size`` is bounded by the CLI choices of older releases and by
+#: the kernels; we accept multiples of 16 up to this many tokens.
+MAX_BLOCK_SIZE = 1024
+
+#: Bytes per KV element for each ``--kv-cache-dtype`` the book discusses.
+#: ``"auto"`` means the model dtype; vLLM serves float32 checkpoints in
+#: bfloat16 (``_get_and_verify_dtype`` in ``config/model.py``), so it is 2.
+#: fp8 variants are stored as ``torch.uint8`` (``STR_DTYPE_TO_TORCH_DTYPE``,
+#: ``utils/torch_utils.py``).
+KV_DTYPE_BYTES: dict[str, int] = {
+    "auto": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int:
+    """Bytes per cached element for ``--kv-cache-dtype`` (``"auto"`` = 2 bytes)."""
+    try:
+        return KV_DTYPE_BYTES[kv_cache_dtype]
+    except (KeyError, TypeError):
+        allowed = ", ".join(KV_DTYPE_BYTES)
+        raise ServebookError(
+            f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use one of: {allowed}"
+        ) from None
+
+
+def check_utilization(gpu_memory_utilization: float) -> None:
+    """Raise unless ``0 < u <= 1`` (the range ``CacheConfig`` accepts)."""
+    u = gpu_memory_utilization
+    if not isinstance(u, (int, float)) or isinstance(u, bool) or not (0 < u <= 1) or math.isnan(u):
+        raise ServebookError(
+            f"gpu_memory_utilization {u!r} is out of range; use a fraction in (0, 1], e.g. 0.92"
+        )
+
+
+def default_block_size(device: Device = "cuda") -> int:
+    """Tokens per block vLLM 0.27.1 picks when ``--block-size`` is not given.
+
+    16 on CUDA (``CacheConfig.DEFAULT_BLOCK_SIZE``; FLASH_ATTN keeps it via
+    ``AttentionBackend.get_preferred_block_size``), 128 on CPU
+    (``CpuPlatform.check_and_update_config``). Backends that need another size
+    (FlashMLA: 64, CUTLASS MLA on Blackwell: 128) log
+    ``Setting kv cache block size to N for X backend``; pass that ``N`` here.
+    """
+    if device == "cpu":
+        return CPU_DEFAULT_BLOCK_SIZE
+    if device == "cuda":
+        return CUDA_DEFAULT_BLOCK_SIZE
+    raise ServebookError(f"device {device!r} is not supported; use 'cuda' or 'cpu'")
+
+
+def check_block_size(block_size: int) -> None:
+    """Raise unless ``block_size`` (tokens) is a multiple of 16 in [16, 1024]."""
+    if (
+        not isinstance(block_size, int)
+        or block_size <= 0
+        or block_size % BLOCK_SIZE_MULTIPLE
+        or block_size > MAX_BLOCK_SIZE
+    ):
+        raise ServebookError(
+            f"block_size {block_size!r} is not allowed; use a multiple of "
+            f"{BLOCK_SIZE_MULTIPLE} between {BLOCK_SIZE_MULTIPLE} and {MAX_BLOCK_SIZE} tokens"
+        )
+
+
+def sliding_window_hold_tokens(sliding_window: int, in_flight_tokens: int) -> int:
+    """Most tokens (before capping at the context) a sliding-window layer holds for one request.
+
+    ``SlidingWindowSpec.max_admission_blocks_per_request`` (``v1/kv_cache_interface.py``):
+    the last ``window - 1`` tokens plus everything still in flight
+    (:func:`servebook.vllm_rules.scheduler.in_flight_tokens`). Callers cap it at the
+    request's context and add vLLM's one extra block where they count blocks.
+    """
+    return sliding_window - 1 + in_flight_tokens
