@@ -36,6 +36,9 @@ def _run(cmd, **kw):
 def installed(tmp_path_factory):
     """(venv python, venv bin, an empty working directory outside the checkout, the environment)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # Without PYTHONPATH (a checkout's src/ on it would make pip see servebook as installed already
+    # and skip the wheel) and without the variables that point servebook at this checkout.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SERVEBOOK_RESULTS_DIR", "VIRTUAL_ENV")}
     # Build from a copy, so the checkout gets no build/ or egg-info while other tests run.
     project = tmp / "project"
     project.mkdir()
@@ -45,7 +48,7 @@ def installed(tmp_path_factory):
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
     dist = tmp / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", str(dist), str(project)])
+          "-w", str(dist), str(project)], env=env)
     wheel = next(dist.glob("servebook-*.whl"))
 
     venv = tmp / "venv"
@@ -60,11 +63,10 @@ def installed(tmp_path_factory):
             (dependencies / name).symlink_to(outer / name)
     (site / "dependencies_only.pth").write_text(f"{dependencies}\n")
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-          str(wheel)])
+          str(wheel)], env=env)
 
     work = tmp / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SERVEBOOK_RESULTS_DIR", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return python, venv / "bin", work, env
 

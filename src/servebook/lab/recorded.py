@@ -43,7 +43,7 @@ _GPU_FIELDS = ("name", "count", "driver")
 
 
 #: Where superseded recordings are kept, unedited, under their date (``<lab>_gpu-<date>.json``).
-RAW_DIR = REPO_ROOT / "labs" / "results" / "raw"
+RAW_DIR = results_path("raw")
 #: The rule for re-recordings: the newest run of a lab is ``labs/results/labs/<lab>_gpu.json`` (what
 #: the book renders); the run it replaced moves to ``labs/results/raw/`` under the date of its run.
 #: This names, per re-recorded lab, the file it replaced (the results page compares the two).
