@@ -109,15 +109,38 @@ def run_check(args) -> int:
     return 0
 
 
-def run_run(args) -> int:
+def refuse_bad_input(problems, total_lines: int, source, skip_invalid: bool) -> None:
+    """Stop before any engine starts when the file has lines that cannot run (and no --skip-invalid).
+
+    Everything judged here needs no tokenizer: JSON, fields, types, sampling keys, duplicate
+    ids. The report is grouped by problem with ``file:line`` ranges (see
+    :func:`servebook.batch.requests.summarize_problems`). Prompt lengths need the engine's
+    tokenizer and ``max_model_len``; the driver checks them after the engine is up.
+    """
+    from servebook.batch.requests import summarize_problems
+
+    if problems and not skip_invalid:
+        raise ServebookError(f"{len(problems)} of {total_lines} input lines cannot run; no engine was started. "
+                             "Fix them, or pass --skip-invalid to run the rest (the bad lines then go to "
+                             f"OUTPUT.rejected.jsonl):\n" + summarize_problems(problems, source))
+
+
+def _vllm_engine(model: str, **engine_kwargs):
+    from servebook.batch.vllm_engine import VllmEngine
+
+    return VllmEngine(model, **engine_kwargs)
+
+
+def run_run(args, make_engine=_vllm_engine) -> int:
+    """``batch run``; ``make_engine(model, **engine_kwargs)`` builds the engine (tests pass a fake)."""
     from servebook.batch.driver import OrderOptions, run_batch
     from servebook.batch.requests import JsonlRequests
     from servebook.batch.shard import parse_shard, select_shard
-    from servebook.batch.vllm_engine import VllmEngine
 
     # Read on demand: only offsets and ids stay in memory, whatever the prompts weigh.
     requests = JsonlRequests(args.input, default_max_tokens=args.max_tokens)
     problems = requests.problems
+    refuse_bad_input(problems, len(requests) + len(problems), args.input, args.skip_invalid)
     if args.shard:
         index, count = parse_shard(args.shard)
         requests = select_shard(requests, index, count)
@@ -128,7 +151,7 @@ def run_run(args) -> int:
             kwargs[key] = value
     if args.enforce_eager:
         kwargs["enforce_eager"] = True
-    engine = VllmEngine(args.model, **kwargs)
+    engine = make_engine(args.model, **kwargs)
     order = OrderOptions(group_by_prefix=not args.no_prefix_grouping, sort_by_length=not args.no_length_sort,
                          min_shared_tokens=args.min_shared_tokens)
     summary = run_batch(requests, problems, args.output, engine, chunk_size=args.chunk_size, order=order,
