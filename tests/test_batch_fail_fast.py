@@ -108,3 +108,16 @@ def test_cli_refuses_without_vllm_and_without_a_traceback(tmp_path):
     assert "no engine was started" in proc.stderr and "lines 1-400 (400 lines)" in proc.stderr
     assert "Traceback" not in proc.stderr and "vLLM" not in proc.stderr
     assert len(proc.stderr.splitlines()) == 2
+
+
+def test_ray_command_refuses_before_importing_ray(tmp_path):
+    """`servebook batch ray` checks every shard first; the book's environment has no Ray to import."""
+    good = write_lines(tmp_path / "s0.jsonl", [{"id": "a", "prompt": "x", "max_tokens": 2}])
+    bad = typo_file(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "servebook", "batch", "ray", str(good), str(bad), "-o",
+                           str(tmp_path / "out.jsonl"), "--model", "never-loaded", "--address", "10.0.0.1:6379"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "400 input lines cannot run; no engine was started" in proc.stderr
+    assert f"{bad} lines 1-400 (400 lines): unknown" in proc.stderr
+    assert "ray[data]" not in proc.stderr and "Traceback" not in proc.stderr
