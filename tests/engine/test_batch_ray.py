@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -94,6 +95,7 @@ def cluster(job):
         print(f"cluster torn down in {time.monotonic() - stopping:.1f} s")
         assert not left, f"processes of the test's Ray cluster were still alive after teardown: {left}"
         assert not tagged_processes(c.tag)
+        shutil.rmtree(c.temp_dir, ignore_errors=True)                  # Ray's session logs and sockets
 
 
 def driver(cluster, job, output: Path, log: Path) -> subprocess.Popen:
