@@ -45,7 +45,8 @@ def test_400_lines_with_one_typo_are_one_line_of_report_and_no_engine(tmp_path):
     elapsed_s = time.monotonic() - started
     text = str(err.value)
     assert text.startswith("400 of 400 input lines cannot run; no engine was started")
-    assert f"{src} lines 1-400 (400 lines): unknown \"sampling\" keys ['temprature']" in text
+    assert (f"{src} lines 1-400 (400 lines): unknown \"sampling\" keys ['temprature'] "
+            "(did you mean 'temprature' -> 'temperature'?)") in text
     assert len(text.splitlines()) == 2                       # the headline and one grouped problem
     assert not (tmp_path / "out.jsonl").exists()
     assert elapsed_s < 5, elapsed_s                           # reading 400 lines, not loading a model

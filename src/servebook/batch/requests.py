@@ -17,6 +17,7 @@ rejected-requests file).
 """
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,9 @@ def _request_from_obj(obj, line: int, default_max_tokens: int | None) -> BatchRe
         return InputProblem(line, rid, '"sampling" must be a JSON object of SamplingParams fields')
     unknown = sorted(set(sampling) - SAMPLING_KEYS)
     if unknown:
-        return InputProblem(line, rid, f'unknown "sampling" keys {unknown}; allowed: {sorted(SAMPLING_KEYS)}')
+        guesses = [f"{k!r} -> {close[0]!r}" for k in unknown if (close := difflib.get_close_matches(k, SAMPLING_KEYS, 1))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        return InputProblem(line, rid, f'unknown "sampling" keys {unknown}{hint}; allowed: {sorted(SAMPLING_KEYS)}')
     wrong = [f'"{key}" must be {SAMPLING_TYPES[key][1]}, got {json.dumps(sampling[key])}'
              for key in sorted(sampling) if not SAMPLING_TYPES[key][0](sampling[key])]
     if wrong:
