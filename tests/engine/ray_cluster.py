@@ -119,13 +119,30 @@ class LocalRayCluster:
              *self._node_ports(index), *args],
             stdout=handle, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
 
-    def start(self, timeout_s: float = 150) -> None:
-        self._start_node(0, ["--head", "--port", str(self.port), "--num-cpus", "0", "--include-dashboard", "false",
-                             "--ray-client-server-port", str(free_port()), "--temp-dir", self.temp_dir])
-        self.wait_for_nodes(1, timeout_s)
-        for i in range(1, self.workers + 1):
-            self._start_node(i, ["--address", self.address, "--num-cpus", str(self.cpus_per_worker)])
-        self.wait_for_nodes(1 + self.workers, timeout_s)
+    def start(self, timeout_s: float = 150, attempts: int = 2) -> None:
+        """Start the head, then the workers one at a time (each must register before the next).
+
+        ``ray start`` gives a node 30 s to register with the GCS (``ray/_private/node.py``); on a
+        busy 2-core machine that can pass, so a node whose ``ray start`` exits early is started
+        again, up to ``attempts`` times.
+        """
+        head = ["--head", "--port", str(self.port), "--num-cpus", "0", "--include-dashboard", "false",
+                "--temp-dir", self.temp_dir]
+        for index in range(self.workers + 1):
+            args = head if index == 0 else ["--address", self.address, "--num-cpus", str(self.cpus_per_worker)]
+            for attempt in range(attempts):
+                self._start_node(index, args + (["--ray-client-server-port", str(free_port())] if index == 0 else []))
+                try:
+                    self.wait_for_nodes(index + 1, timeout_s)
+                    break
+                except RuntimeError:
+                    if attempt == attempts - 1:
+                        raise
+                    print(f"ray start of node {index} exited early; starting it again\n{self.log_tail(800)}")
+                    self.nodes.pop()
+                    if index == 0:                               # free the GCS port for the next try
+                        subprocess.run([self.ray_bin, "stop", "--force"], capture_output=True, env=self.env,
+                                       timeout=60)
 
     def alive_nodes(self) -> int:
         """Nodes the GCS counts as alive (asked through ``ray.nodes()`` in the vLLM environment)."""
