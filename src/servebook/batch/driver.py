@@ -82,7 +82,7 @@ def rejected_path(output: str | Path) -> Path:
     return output.with_name(output.name + ".rejected.jsonl")
 
 
-def _write_rejected(output: Path, problems: Sequence[InputProblem]) -> None:
+def write_rejected(output: Path, problems: Sequence[InputProblem]) -> None:
     target = rejected_path(output)
     tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -93,7 +93,7 @@ def _write_rejected(output: Path, problems: Sequence[InputProblem]) -> None:
     os.replace(tmp, target)
 
 
-class _Progress:
+class Progress:
     """A progress bar (tqdm when installed) with request throughput, ETA and output tokens/s."""
 
     def __init__(self, total: int, initial: int, enabled: bool):
@@ -182,14 +182,14 @@ def run_batch(requests: Sequence[BatchRequest], problems: Sequence[InputProblem]
         raise ServebookError(f"{len(all_problems)} input lines cannot run; fix them or pass --skip-invalid "
                              f"(they then go to {rejected_path(output).name}):\n" + format_problems(all_problems))
     if skip_invalid:
-        _write_rejected(output, all_problems)
+        write_rejected(output, all_problems)
     plan = _plan(lengths, keys, ids, chunk_size, order)
 
     with ResultStore(output) as store:
         done = set(store.done)
         input_ids = set(ids)
         already = len(done & input_ids)
-        bar = _Progress(len(ids), already, progress)
+        bar = Progress(len(ids), already, progress)
         ran = chunks_run = out_tokens = 0
         try:
             for number, chunk in enumerate(plan):

@@ -17,6 +17,7 @@ rejected-requests file).
 """
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +25,36 @@ from typing import Callable, Iterable, Sequence
 
 from servebook.errors import ServebookError
 
-#: SamplingParams fields a request may set (vLLM 0.27.1 ``vllm/sampling_params.py``).
-SAMPLING_KEYS = frozenset({
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-    "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "allowed_token_ids", "detokenize",
-})
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int_list(value) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+#: The JSON type each SamplingParams field takes (vLLM 0.27.1 ``vllm/sampling_params.py``):
+#: key -> (check, what to write). Checked when the file is read, before any engine starts.
+SAMPLING_TYPES = {
+    "temperature": (_is_number, "a number"), "top_p": (_is_number, "a number"),
+    "min_p": (_is_number, "a number"), "presence_penalty": (_is_number, "a number"),
+    "frequency_penalty": (_is_number, "a number"), "repetition_penalty": (_is_number, "a number"),
+    "top_k": (_is_int, "an integer"), "seed": (_is_int, "an integer"), "min_tokens": (_is_int, "an integer"),
+    "logprobs": (_is_int, "an integer"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a string or a list of strings"),
+    "stop_token_ids": (_is_int_list, "a list of integers"),
+    "allowed_token_ids": (_is_int_list, "a list of integers"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "detokenize": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+#: SamplingParams fields a request may set.
+SAMPLING_KEYS = frozenset(SAMPLING_TYPES)
 
 
 @dataclass(frozen=True)
@@ -97,7 +122,13 @@ def _request_from_obj(obj, line: int, default_max_tokens: int | None) -> BatchRe
         return InputProblem(line, rid, '"sampling" must be a JSON object of SamplingParams fields')
     unknown = sorted(set(sampling) - SAMPLING_KEYS)
     if unknown:
-        return InputProblem(line, rid, f'unknown "sampling" keys {unknown}; allowed: {sorted(SAMPLING_KEYS)}')
+        guesses = [f"{k!r} -> {close[0]!r}" for k in unknown if (close := difflib.get_close_matches(k, SAMPLING_KEYS, 1))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        return InputProblem(line, rid, f'unknown "sampling" keys {unknown}{hint}; allowed: {sorted(SAMPLING_KEYS)}')
+    wrong = [f'"{key}" must be {SAMPLING_TYPES[key][1]}, got {json.dumps(sampling[key])}'
+             for key in sorted(sampling) if not SAMPLING_TYPES[key][0](sampling[key])]
+    if wrong:
+        return InputProblem(line, rid, 'bad "sampling" value: ' + "; ".join(wrong))
     return BatchRequest(id=rid, line=line, max_tokens=max_tokens, prompt=prompt,
                         prompt_token_ids=token_ids, sampling=dict(sampling))
 
@@ -228,6 +259,40 @@ def check_prompt_lengths(requests: Sequence[BatchRequest], prompt_tokens: Callab
         else:
             fits.append(req)
     return fits, problems
+
+
+def _line_ranges(numbers: Sequence[int], limit: int = 8) -> str:
+    """``[1, 2, 3, 7, 9, 10]`` -> ``"1-3, 7, 9-10"`` (at most ``limit`` ranges, then "...")."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit]]
+    return ", ".join(text) + (", ..." if len(runs) > limit else "")
+
+
+def summarize_problems(problems: Sequence[InputProblem], source: str | Path, limit: int = 20) -> str:
+    """Problems grouped by message, each group with its ``file:line`` or line ranges.
+
+    400 lines with the same mistake make one line of the report
+    (``in.jsonl lines 1-400 (400 lines): unknown "sampling" keys ...``), not 400; at most
+    ``limit`` distinct messages are shown, most frequent first.
+    """
+    groups: dict[str, list[int]] = {}
+    for p in problems:
+        groups.setdefault(p.message, []).append(p.line)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    out = []
+    for message, numbers in ordered[:limit]:
+        where = (f"{source}:{numbers[0]}" if len(numbers) == 1
+                 else f"{source} lines {_line_ranges(numbers)} ({len(numbers)} lines)")
+        out.append(f"{where}: {message}")
+    if len(ordered) > limit:
+        out.append(f"... and {len(ordered) - limit} more kinds of problem "
+                   f"(`servebook batch check {source}` lists every line)")
+    return "\n".join(out)
 
 
 def format_problems(problems: Sequence[InputProblem], limit: int = 20) -> str:
