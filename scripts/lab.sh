@@ -26,4 +26,4 @@ as_root=(); [ "$(id -u)" != 0 ] || as_root=(--allow-root)   # a container's root
 say "JupyterLab on http://127.0.0.1:${PORT:-8888} (the URL with the token follows), $open_path open"
 exec "$VENV/bin/jupyter-lab" --ServerApp.ip=127.0.0.1 --ServerApp.port="${PORT:-8888}" \
   --ServerApp.root_dir="$ROOT" --LabApp.default_url="/lab/tree/$open_path" \
-  --LabApp.app_settings_dir="$ROOT/scripts/lab-settings" "${as_root[@]}" "$@"
+  --LabApp.app_settings_dir="$ROOT/scripts/lab-settings" ${as_root[@]+"${as_root[@]}"} "$@"

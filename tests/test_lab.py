@@ -1,14 +1,15 @@
 """`bash scripts/lab.sh` serves the notebooks in JupyterLab: one headless run, checked through the
 server's REST API and the kernel protocol.
 
-The script starts (with SERVEBOOK_LAB_NO_INSTALL=1: a test never installs) on a free 127.0.0.1
-port with a token of our own and Jupyter folders in a temporary directory (so neither your home
-configuration nor your kernels take part). Then: a MyST notebook opens as a notebook through the
-contents API (jupytext's server extension), the markdown default viewer JupyterLab is served is
-jupytext's notebook view, ipywidgets' lab extension is installed and enabled, a session's kernel
-runs the notebook's first cell in .venv and a slider whose value JupyterLab's widget manager
-changes (the comm message it sends) recomputes its observer. Shut down through the API, the
-server's process group and the kernel are gone.
+The script starts (with SERVEBOOK_LAB_NO_INSTALL=1: a test never installs), asked to open one
+notebook, on a free 127.0.0.1 port with a token of our own and Jupyter folders in a temporary
+directory (so neither your home configuration nor your kernels take part). Then: the landing page
+is that notebook; the MyST notebook opens as a notebook through the contents API (jupytext's
+server extension); the markdown default viewer JupyterLab is served is jupytext's notebook view;
+ipywidgets' lab extension is installed and enabled; a session's kernel runs the notebook's first
+cell in .venv, and a slider whose value JupyterLab's widget manager changes (the comm message it
+sends) recomputes its observer. Shut down through the API, the server's process group and the
+kernel are gone.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -99,7 +101,7 @@ def lab(tmp_path):
            "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime")}
     log = tmp_path / "lab.log"
     with log.open("w") as out:
-        process = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser",
+        process = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), NOTEBOOK, "--no-browser",
                                     f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"],
                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Lab(port, token, process, log)
@@ -110,6 +112,11 @@ def lab(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)   # only when the test failed before its shutdown
             process.wait(STOP_LIMIT_S)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
 
 
 def _execute(client: BlockingKernelClient, code: str) -> str:
@@ -128,6 +135,13 @@ def _execute(client: BlockingKernelClient, code: str) -> str:
 
 
 def test_lab_opens_a_myst_notebook_runs_a_cell_and_widgets_recompute(lab, tmp_path):
+    # `bash scripts/lab.sh notebooks/<x>.md` lands on that notebook.
+    with pytest.raises(urllib.error.HTTPError) as landing:
+        urllib.request.build_opener(_NoRedirect).open(f"{lab.base}/?token={lab.token}", timeout=30)
+    location = landing.value.headers.get("Location", "")
+    assert landing.value.code == 302 and urllib.parse.urlsplit(location).path == f"/lab/tree/{NOTEBOOK}", (
+        landing.value.code, location)
+
     # The .md opens as a notebook (jupytext's contents manager), cell for cell as jupytext reads it.
     model = lab.request("GET", f"/api/contents/{NOTEBOOK}?type=notebook&content=1")
     assert model["type"] == "notebook", model["type"]
