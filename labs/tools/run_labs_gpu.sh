@@ -8,6 +8,8 @@
 #   bash labs/tools/run_labs_gpu.sh l9-dense      # Lab 9 on TWO GPUs, Qwen3-32B:     TP=1, DP=2, TP=2
 #   bash labs/tools/run_labs_gpu.sh l9-moe        # Lab 9 on TWO GPUs, Qwen3-30B-A3B: TP=1, DP=2, TP=2, TP=2+EP
 #   SERVEBOOK_LAB_L9_CONFIGS=TP=2 bash labs/tools/run_labs_gpu.sh l9-dense   # only these configurations
+#   bash labs/tools/run_labs_gpu.sh l3a           # Lab 3, --max-num-seqs 16 and 48 only (SERVEBOOK_LAB_L3_MAX_NUM_SEQS)
+#   bash labs/tools/run_labs_gpu.sh l3b           # Lab 3, --max-num-seqs 128 and 256 only
 #
 # On the lent H200 (see shared/gpu/README.md): install vLLM 0.26.0 with the four `run` calls of
 # its "Steps" section (core payload only: the labs use Llama-3.1-8B, no MoE), then ONE `run` call
@@ -15,14 +17,18 @@
 #
 #   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l1
 #   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l2
-#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l3
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l3a   # Lab 3 in two calls:
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l3b   # max-num-seqs 16,48 / 128,256
 #   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh l4
 #
 # Each lab is capped at 570 s (a `run` call may last 600 s; LAB_TIMEOUT_S overrides the cap), and
-# SERVEBOOK_LAB_DEADLINE (Unix seconds: start + cap - 15) tells Labs 5-7 when to stop starting
+# SERVEBOOK_LAB_DEADLINE (Unix seconds: start + cap - 15) tells Labs 3 and 5-7 when to stop starting
 # engines; they save after every engine. Files under $OUT:
 # <lab>_gpu.json (schema servebook.lab/1, with GPU, driver, vLLM version, config hash, flags, date)
-# and <lab>.log (the lab's printed output). Copy the JSON files, unedited, to labs/results/labs/.
+# and <lab>.log (the lab's printed output); l3a and l3b write l3_preemption_16_48_gpu.json and
+# l3_preemption_128_256_gpu.json (l3a.log, l3b.log), which the book merges (recorded.load_l3) only
+# when GPU, driver, vLLM release, model config and load agree: record both in one session.
+# Copy the JSON files, unedited, to labs/results/labs/.
 # Model: SERVEBOOK_LAB_MODEL (default llama-3.1-8b, random weights, load_format=dummy: no
 # download); SERVEBOOK_LAB_HF_MODEL=<hub repo> serves a real checkpoint on an online node.
 #
@@ -57,10 +63,13 @@ export SERVEBOOK_ENGINE_LOCK=${SERVEBOOK_ENGINE_LOCK:-/tmp/servebook-vllm-engine
 # TP=2 uses vLLM's custom all-reduce (or NCCL) exactly as it would here anyway.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} VLLM_ALLREDUCE_USE_SYMM_MEM=${VLLM_ALLREDUCE_USE_SYMM_MEM:-0}
-declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l4]=l4_fp8_kv
+declare -A FILE=([l1]=l1_memory_budget [l2]=l2_paged_continuous [l3]=l3_preemption [l3a]=l3_preemption
+                [l3b]=l3_preemption [l4]=l4_fp8_kv
                 [l5]=l5_chunked_prefill [l6]=l6_prefix_caching [l7]=l7_speculative [l8]=l8_batch_tactics
                 [l9-dense]=l9_tp_vs_dp [l9-moe]=l9_tp_vs_dp)
 # Lab 9 runs once per model; its result file and log are named after the model.
+# Lab 3's sweep no longer fits one call (distinct prompts): two calls, each its --max-num-seqs values.
+declare -A L3_PART=([l3a]=16,48 [l3b]=128,256)
 declare -A L9_MODEL=([l9-dense]=qwen3-32b [l9-moe]=qwen3-30b-a3b)
 
 plan() {
@@ -73,8 +82,11 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
                      + HF transformers generate, batches of 32, same lengths   365 s (2026-12-01)
   l3 preemption      4 vllm serve, eager, max-num-seqs 16/48/128/256, 2048 blocks,
                      bench 512 prompts (512 in/128 out) at each        435 s with repeated prompts;
-                     with distinct prompts (2026-12-01) > 570 s: max-num-seqs 16 alone took 238 s,
-                     so the run was cut and saved nothing; split the sweep before re-running it
+                     with distinct prompts (2026-12-01) > 570 s, cut during the 4th engine
+                     (per engine: 16 238 s, 48 134 s, 128 124 s, 256 > 74 s when cut), so it runs
+                     in two calls, each saving after every engine:
+  l3a                max-num-seqs 16, 48     ~372 s (238 + 134) + imports
+  l3b                max-num-seqs 128, 256   ~250 s (124 + ~125, as 128) + imports
   l4 fp8 KV          2 vllm serve (graphs, utilisation 0.25), auto vs fp8,
                      bench 512 prompts (1024 in/256 out) each          286 s (2026-12-01)
   l5 chunked prefill 4 vllm serve (graphs), chunking off + budgets 1024/256/128,
@@ -87,7 +99,7 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
                      2 repeats per batch size   350 s measured (the 5th engine cut by the deadline)
   l8 batch tactics   1 vllm serve + 1 LLM(), 1000 requests, six cases   312 s measured
   The install (shared/gpu/README.md) took 38-41 s of a call plus the machine's start; l1-l4 fill
-  most of one 30-minute session, l5-l8 another. Labs 5-7 read SERVEBOOK_LAB_DEADLINE (set below)
+  most of one 30-minute session, l5-l8 another. Labs 3 and 5-7 read SERVEBOOK_LAB_DEADLINE (set below)
   and save after every engine, so a lab cut by its cap still returns what it measured.
 
 Lab 9 needs 2x H200 (NVLink; kind nvidia-h200-x2), vLLM 0.26.0, random weights, CUDA graphs; per
@@ -137,13 +149,17 @@ PY
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
   if [ -z "$file" ]; then
-    echo "unknown lab '$key'; use l1 l2 l3 l4 l5 l6 l7 l8 l9-dense l9-moe plan check l9-check" >&2; return 2
+    echo "unknown lab '$key'; use l1 l2 l3 l3a l3b l4 l5 l6 l7 l8 l9-dense l9-moe plan check l9-check" >&2; return 2
   fi
   local model=${L9_MODEL[$key]:-} log=$key result=${file}_gpu.json cap=${LAB_TIMEOUT_S:-570} grace=20
   local -a model_env=()
   if [ -n "$model" ]; then  # 580 + 10 s stays inside a 600 s `run` call
     log=l9_${key#l9-} result="${file}_${model}*_gpu.json" cap=${LAB_TIMEOUT_S:-580} grace=10
     model_env=(env "SERVEBOOK_LAB_MODEL=$model")
+  fi
+  if [ -n "${L3_PART[$key]:-}" ]; then  # l3_preemption_16_48_gpu.json, l3_preemption_128_256_gpu.json
+    result="${file}_${L3_PART[$key]//,/_}_gpu.json"
+    model_env=(env "SERVEBOOK_LAB_L3_MAX_NUM_SEQS=${L3_PART[$key]}")
   fi
   if [ "$key" = l8 ]; then
     # Lab 8 writes servebook.batch_tactics/1 as l8-gpu-<device>-vllm<version>-<date>.json into its own
@@ -155,7 +171,7 @@ run_lab() {
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
-  # Labs 5-7 read this (servebook.lab.deadline): they skip or stop engines that cannot finish by
+  # Labs 3 and 5-7 read this (servebook.lab.deadline): they skip or stop engines that cannot finish by
   # then and save after every engine, so a lab cut by the cap still returns what it measured.
   export SERVEBOOK_LAB_DEADLINE=$(( $(date +%s) + cap - 15 ))
   ${model_env[@]+"${model_env[@]}"} timeout --signal=INT --kill-after="$grace" "$cap" \

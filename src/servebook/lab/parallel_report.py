@@ -25,43 +25,26 @@ Units: GiB, tokens, ms (``*_ms``), tokens/s (``*_tok_s``).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from servebook.lab.errors import LabError
 from servebook.lab.parallel import comparison_rows, engine_decode_tok_s, mean_engine_itl_s
 from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded, logged_prefix_hit_pct
+from servebook.lab.split import check_same_experiment, part_paths
 from servebook.model_spec import ModelSpec
 
 #: Configurations in the order the lab measures them.
 CONFIG_ORDER = ("TP=1", "DP=2", "TP=2", "TP=2+EP")
-#: Fields that must agree between the files merged for one model.
-_SAME = ("vllm_version", "model_id", "config_sha256")
 
 
 def l9_paths(model_id: str, directory: str | Path = RECORDED_DIR) -> list[Path]:
     """The recorded Lab 9 files of ``model_id`` (``l9_tp_vs_dp_<model_id>[_<configs>]_gpu.json``), sorted."""
-    directory = Path(directory)
-    return sorted(p for p in directory.glob(f"l9_tp_vs_dp_{model_id}*_gpu.json")
-                  if re.fullmatch(rf"l9_tp_vs_dp_{re.escape(model_id)}(_[a-z0-9_-]+)?_gpu\.json", p.name))
+    return part_paths(f"l9_tp_vs_dp_{model_id}", directory)
 
 
 def _check_same(docs: list[dict], paths: list[Path]) -> None:
-    first, head = docs[0], paths[0].name
-    for doc, path in zip(docs[1:], paths[1:]):
-        for key in _SAME:
-            if doc[key] != first[key]:
-                raise LabError(f"{path.name} has {key} {doc[key]!r} but {head} has {first[key]!r}: "
-                               "Lab 9 files of one model must come from the same experiment; record the "
-                               "missing configurations again with the same engine and config")
-        for key in ("name", "count", "driver"):
-            if doc["gpu"][key] != first["gpu"][key]:
-                raise LabError(f"{path.name} ran on gpu.{key} {doc['gpu'][key]!r}, {head} on "
-                               f"{first['gpu'][key]!r}: merge only runs on the same machine kind")
-        for key in ("workload", "setup"):
-            if doc["measurements"][key] != first["measurements"][key]:
-                raise LabError(f"{path.name}: measurements.{key} differs from {head}'s; the runs measured "
-                               "different loads and cannot share a table")
+    check_same_experiment(docs, paths, measurement_keys=("workload", "setup"), what="Lab 9 files of one model",
+                          hint="record the missing configurations again with the same engine and config")
 
 
 def load_l9(model_id: str, directory: str | Path = RECORDED_DIR) -> dict:

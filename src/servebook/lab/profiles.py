@@ -39,7 +39,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
         "l2": {"num_prompts": 16, "input_len": 32, "output_len": 32, "range_ratio": 0.9, "hf_batch_size": 8},
         # L3: a small pool (num_gpu_blocks_override) so that preemption appears in seconds.
         "l3": {"max_num_seqs": [2, 16], "num_gpu_blocks_override": 6, "num_prompts": 16,
-               "input_len": 96, "output_len": 96, "max_model_len": 512},
+               "input_len": 96, "output_len": 96, "max_model_len": 512, "point_time_s": 60},
         # L4: KV dtypes compared on the same workload.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 16, "input_len": 64, "output_len": 32,
                "max_model_len": 1024, "gpu_memory_utilization": None, "max_num_seqs": 64},
@@ -81,8 +81,10 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
     "gpu": {
         "l1": {"points": [(8192, 0.9, "auto"), (32768, 0.9, "auto"), (8192, 0.5, "auto"), (8192, 0.9, "fp8")]},
         "l2": {"num_prompts": 256, "input_len": 512, "output_len": 256, "range_ratio": 0.9, "hf_batch_size": 32},
+        # L3: point_time_s, what one engine is assumed to need before the first is timed (max-num-seqs
+        # 16 took 238 s with distinct prompts on 2026-12-01); the sweep runs in two parts (l3a, l3b).
         "l3": {"max_num_seqs": [16, 48, 128, 256], "num_gpu_blocks_override": 2048, "num_prompts": 512,
-               "input_len": 512, "output_len": 128, "max_model_len": 4096},
+               "input_len": 512, "output_len": 128, "max_model_len": 4096, "point_time_s": 240},
         # L4: a small utilisation so that the KV pool, not compute, limits the batch.
         "l4": {"kv_dtypes": ["auto", "fp8"], "num_prompts": 512, "input_len": 1024, "output_len": 256,
                "max_model_len": 4096, "gpu_memory_utilization": 0.25, "max_num_seqs": 256},

@@ -6,6 +6,7 @@ same functions on the saved files, so a lab and the page that renders its record
 same table from one code path.
 
 * :func:`load_recorded` — one result file, schema and provenance checked.
+* :func:`load_l3` — Lab 3's sweep merged from the files of a run split in parts (:mod:`servebook.lab.split`).
 * :func:`recorded_path` — the file the book renders for a lab (``labs/results/labs/<lab>_gpu.json``);
   :func:`previous_path` — the recording it replaced, kept unedited in ``labs/results/raw/``
   (:data:`PREVIOUS_RECORDINGS` names them); :func:`recording_changes` — what changed between the two.
@@ -370,6 +371,52 @@ def l3_table(points: list[dict]) -> list[dict]:
     """Lab 3's sweep: preemptions, output throughput (tokens/s), TTFT/TPOT (ms), p99 latency (s)."""
     keys = ("max_num_seqs", "preemptions", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_latency_s")
     return [{k: p[k] for k in keys} for p in points]
+
+
+def load_l3(directory: str | Path = RECORDED_DIR) -> dict:
+    """Lab 3's recorded sweep, merged from its result files, as one ``l3_preemption`` document.
+
+    The GPU sweep may be recorded in parts (``SERVEBOOK_LAB_L3_MAX_NUM_SEQS``: files
+    ``l3_preemption[_<values>]_gpu.json``, :mod:`servebook.lab.split`). They are merged only when
+    GPU name/count/driver, vLLM release, model config and load (``measurements.workload`` and
+    ``block_size``) agree; the earliest file's measured point wins when two measured one value.
+    Returns the earliest file's document with ``measurements.points`` (measured points only, in
+    ``--max-num-seqs`` order) and ``measurements.measured_first_preempting_max_num_seqs`` recomputed
+    over them, plus ``files`` (``{max_num_seqs: file name}``) and ``not_measured`` (values a part
+    skipped and none measured). One file alone comes back with its points unchanged.
+
+    Raises :class:`LabError` when there is no file, when files disagree (naming the field and both
+    files) or when no point was measured.
+    """
+    import copy
+
+    from servebook.lab.split import check_same_experiment, part_paths
+
+    paths = part_paths("l3_preemption", directory)
+    if not paths:
+        raise LabError(f"no Lab 3 result in {directory}: run `bash labs/tools/run_labs_gpu.sh l3a` and `l3b` "
+                       "on one GPU and copy l3_preemption*_gpu.json there unedited")
+    docs = [load_recorded(p, lab="l3_preemption") for p in paths]
+    order = sorted(range(len(docs)), key=lambda i: docs[i]["date"])
+    docs, paths = [docs[i] for i in order], [paths[i] for i in order]
+    check_same_experiment(docs, paths, measurement_keys=("workload", "block_size"), what="Lab 3 files",
+                          hint="record the missing --max-num-seqs values again with the same engine and load")
+    measured: dict[int, tuple[dict, str]] = {}
+    for doc, path in zip(docs, paths):
+        for point in doc["measurements"]["points"]:
+            if "skipped" not in point and point["max_num_seqs"] not in measured:
+                measured[point["max_num_seqs"]] = (point, path.name)
+    if not measured:
+        raise LabError("the Lab 3 files " + ", ".join(p.name for p in paths) + " measured no --max-num-seqs value: "
+                       + "; ".join(str(p.get("skipped")) for d in docs for p in d["measurements"]["points"]))
+    merged = copy.deepcopy(docs[0])
+    points = [measured[v][0] for v in sorted(measured)]
+    merged["measurements"]["points"] = points
+    merged["measurements"]["measured_first_preempting_max_num_seqs"] = first_preempting(points)
+    merged["files"] = {v: measured[v][1] for v in sorted(measured)}
+    merged["not_measured"] = sorted({p["max_num_seqs"] for d in docs for p in d["measurements"]["points"]}
+                                    - set(measured))
+    return merged
 
 
 def first_preempting(points: list[dict]) -> int | None:
