@@ -20,6 +20,7 @@ replace with ``SERVEBOOK_RESULTS_DIR``. Subfolders: ``labs`` (one JSON per lab r
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def results_dir(directory: str | Path | None = None) -> Path:
 def results_path(*parts: str, directory: str | Path | None = None) -> Path:
     """A path inside the results folder, e.g. ``results_path("labs", "l1_memory_gpu.json")``."""
     return results_dir(directory).joinpath(*parts)
+
+
+def read_json(*parts: str, directory: str | Path | None = None) -> dict:
+    """A recorded JSON document, e.g. ``read_json("step_timing", "qwen3-32b.json")`` (pages read results this way).
+
+    A missing file raises ``FileNotFoundError`` naming the path and how to point at another results folder.
+    """
+    path = results_path(*parts, directory=directory)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no recorded result at {path}: run from inside the book's checkout, or set {RESULTS_ENV} "
+            f"to a results folder that holds {Path(*parts).as_posix()}")
+    return json.loads(path.read_text())
 
 
 def checkout_root(directory: str | Path | None = None) -> Path:

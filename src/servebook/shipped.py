@@ -8,6 +8,8 @@ from pathlib import Path
 
 #: ``servebook/data``: the GPU catalogue, model configs, coefficients, drills, vLLM claims.
 DATA_DIR = Path(__file__).resolve().parent / "data"
+#: vLLM facts the book names (flags, defaults, log lines, metrics), checked by the drift test against the pinned release.
+VLLM_CLAIMS = DATA_DIR / "vllm_claims.toml"
 #: Public ``config.json`` files of the reference models (``<id>.json``).
 MODELS_DIR = DATA_DIR / "models"
 #: GPU start-ups (config, flags, log) the shipped memory coefficients are fitted on.
