@@ -160,7 +160,9 @@ def test_fixture_recorder_keeps_the_fp8_folder_on_a_cpu_without_it(monkeypatch, 
     spec = importlib.util.spec_from_file_location("servebook_record_fixtures", path)
     record = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(record)
-    log = path.parent / "cpu-tiny-llama-fp8" / "startup.log"
+    from servebook.shipped import CPU_STARTUP_LOGS_DIR
+
+    log = CPU_STARTUP_LOGS_DIR / "cpu-tiny-llama-fp8" / "startup.log"
     before = log.read_bytes()
     monkeypatch.setenv(FAKE_FLAGS_ENV, "avx2")
     assert record.record("cpu-tiny-llama-fp8") is None      # returned before any engine or file write

@@ -285,7 +285,7 @@ def test_capacity_is_monotone_and_never_negative(which, gib, extra, ctx, more_ct
         assert min_kv_bytes_for_one_request(small.layout, ctx, small.in_flight_tokens) <= gib * GIB
 
 
-# ---- recorded engine logs (CPU: tests/fixtures/startup_logs/<name>/; GPU: shipped, servebook/data/startup_logs) --
+# ---- recorded engine logs (both shipped: CPU servebook/data/cpu_startup_logs, GPU servebook/data/startup_logs) ----
 #
 # Each fixture holds the config the engine loaded, the flags it ran with (flags.json) and its
 # start-up log. The prediction starts from the engine's own KV budget: on CPU the exact bytes of
@@ -298,9 +298,9 @@ from pathlib import Path as _Path
 from servebook.hf_config import load_model_spec
 from servebook.startup_log import read_startup_log
 
+from servebook.shipped import CPU_STARTUP_LOGS_DIR as FIXTURES
 from servebook.shipped import STARTUP_LOGS_DIR as _SHIPPED_LOGS
 
-FIXTURES = _Path(__file__).parent / "fixtures" / "startup_logs"
 FIXTURE_DIRS = sorted((p for root in (FIXTURES, _SHIPPED_LOGS) for p in root.iterdir() if (p / "startup.log").is_file()),
                       key=lambda p: p.name)
 

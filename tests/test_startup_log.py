@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from servebook.errors import ServebookError
-from servebook.shipped import STARTUP_LOGS_DIR
+from servebook.shipped import CPU_STARTUP_LOGS_DIR, STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log, read_startup_log
 
-FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"
+FIXTURES = Path(__file__).parent / "fixtures" / "startup_logs"   # import_gpu_results.py (the data it writes ships in the package)
 GPU_LOGS = STARTUP_LOGS_DIR   # shipped with the package
 
 # vLLM 0.26.0 on a GPU, with process prefixes as the engine prints them.
@@ -115,8 +115,8 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_recorded_cpu_log_of_0_27_1():
-    # tests/fixtures/startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000.
-    log = read_startup_log(FIXTURES / "cpu-tiny-llama" / "startup.log")
+    # servebook/data/cpu_startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000.
+    log = read_startup_log(CPU_STARTUP_LOGS_DIR / "cpu-tiny-llama" / "startup.log")
     assert log.vllm_version == "0.27.1"
     assert log.available_kv_cache_gib == 1.0  # "Explicitly set (1.0/...) GiB for KV cache"
     assert log.concurrency_max_model_len == 2000
@@ -143,7 +143,7 @@ def test_gpu_results_document_becomes_fixture_folders(tmp_path):
     module = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(module)
 
-    config = json.loads((FIXTURES / "cpu-tiny-llama" / "config.json").read_text())
+    config = json.loads((CPU_STARTUP_LOGS_DIR / "cpu-tiny-llama" / "config.json").read_text())
     # By hand for 1.0 GiB on CUDA (block 16): a block of all 3 layers = 16 x 2 x 2 x 64 x 2 x 3 = 24576 B,
     # 2**30 // 24576 = 43690 blocks; 2000 tokens need 125 -> 349.52x, int(43690 / 125 * 2000) = 699040.
     log = ("Initializing a V1 LLM engine (v0.26.0) with config: model='m'\n"

@@ -114,3 +114,15 @@ def test_drills_list_runs_from_outside_the_checkout(installed):
     missing = [r for r in rows if r["question"].startswith("(question not available here")]
     assert all(str(work / "labs" / "results") in r["question"] for r in missing)
     assert len(missing) < len(rows) / 4
+
+
+def test_the_wheel_ships_every_data_file(installed):
+    """pyproject.toml's package-data globs miss nothing under servebook/data (a new data folder needs its glob)."""
+    python, _, work, env = installed
+    out = _run([str(python), "-c", "import servebook.shipped as s; print(s.DATA_DIR)"], cwd=work, env=env)
+
+    def files(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+    checkout, wheel = files(ROOT / "src" / "servebook" / "data"), files(Path(out.stdout.strip()))
+    assert checkout and not checkout - wheel, f"left out of the wheel: {sorted(checkout - wheel)[:10]}"

@@ -14,6 +14,8 @@ VLLM_CLAIMS = DATA_DIR / "vllm_claims.toml"
 MODELS_DIR = DATA_DIR / "models"
 #: GPU start-ups (config, flags, log) the shipped memory coefficients are fitted on.
 STARTUP_LOGS_DIR = DATA_DIR / "startup_logs"
+#: vLLM 0.27.1 CPU start-ups of tiny models (config, flags, log): the KV sizing servebook predicts to the token.
+CPU_STARTUP_LOGS_DIR = DATA_DIR / "cpu_startup_logs"
 #: A recorded ``vllm bench serve`` capture (server log, /metrics, bench output) the drills show.
 BENCH_DIR = DATA_DIR / "bench"
 #: The directory that holds the ``servebook`` package: put it on an engine child's PYTHONPATH.

@@ -19,12 +19,13 @@ from cpu_gate import skip_unless_cpu_runs_fp8_kv_cache
 from servebook.engine_env import cpu_engine_env, run_in_engine_env
 from servebook.hf_config import load_model_spec
 from servebook.kv_cache import capacity
+from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log
 
 pytestmark = pytest.mark.engine
 
 GIB = 2**30
-FIXTURE_CONFIG = Path(__file__).parents[1] / "fixtures" / "startup_logs" / "cpu-tiny-gemma3-hybrid" / "config.json"
+FIXTURE_CONFIG = CPU_STARTUP_LOGS_DIR / "cpu-tiny-gemma3-hybrid" / "config.json"
 
 CHILD = r"""
 import json, sys
