@@ -1,7 +1,10 @@
 """The library's import rule and public face.
 
 - The CLI (``servebook.commands``, ``servebook.cli``) imports the library; no other module imports it.
-- Pages and notebooks speak to the public face (``servebook`` and its library modules), never the CLI.
+- Pages, notebooks and lab pages speak to the public face (``servebook`` and its library modules), never the
+  CLI, and build no repository path: recorded results come from ``servebook.records``, shipped data from
+  ``servebook.shipped`` (checked on their code cells).
+- Only ``servebook.records`` names the repository layout inside the library.
 - Every name ``servebook.__all__`` lists is importable from ``servebook``.
 """
 from __future__ import annotations
@@ -47,23 +50,111 @@ def test_the_import_check_sees_lazy_imports(tmp_path):
     assert "servebook.commands.plan" in _imported_modules(f)
 
 
-_PAGE_IMPORT = re.compile(r"^\s*(?:from|import)\s+servebook\.commands\b", re.MULTILINE)
-PAGES = sorted((ROOT / "book").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.md"))
+# ---- pages and notebooks: the public face, and no repository paths --------------------------------------
+# A page runs in its own folder (book/, notebooks/, labs/) at build time; what it reads comes from the
+# library: servebook.records for recorded lab results, servebook.shipped for the data the package ships.
+
+PAGES = sorted((ROOT / "book").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.md")) \
+    + sorted((ROOT / "labs").glob("*.md"))
+_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
+#: Path fragments of the repository layout a page may not spell out (ask records/shipped instead).
+_PAGE_LAYOUT_STRINGS = ("labs/results", "tests/fixtures", "src/servebook")
+
+
+def _code_cells(text: str) -> list[tuple[int, str]]:
+    """(line of the cell's first source line in the page, source) for each ``{code-cell}`` block.
+
+    Cell options (``:tags: ...`` lines, a ``---`` YAML header) and IPython magics or shell lines
+    (``%...``, ``!...``) are blanked, keeping line numbers, so the rest parses as Python.
+    """
+    cells = []
+    for m in _CELL.finditer(text):
+        lines = m.group(1).split("\n")
+        if lines and lines[0].strip() == "---":
+            end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+            lines[:end + 1] = [""] * (end + 1)
+        lines = ["" if ln.lstrip().startswith((":", "%", "!")) else ln for ln in lines]
+        cells.append((text.count("\n", 0, m.start(1)) + 1, "\n".join(lines)))
+    return cells
+
+
+def _page_violations(text: str, name: str = "page") -> list[str]:
+    """Imports of servebook.commands and hand-built repository paths in a page's code cells."""
+    found = []
+    for first, source in _code_cells(text):
+        tree = ast.parse(source, name)
+        where = lambda node: f"line {first + node.lineno - 1}"  # noqa: E731
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n == "servebook.commands" or n.startswith("servebook.commands.") for n in names):
+                    found.append(f"{where(node)}: imports servebook.commands (import from servebook)")
+                if any(a.name == "REPO_ROOT" for a in node.names):
+                    found.append(f"{where(node)}: imports REPO_ROOT (ask servebook.records)")
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "parents":
+                found.append(f"{where(node)}: .parents[...] (a hand-made repository root)")
+            elif isinstance(node, (ast.Name, ast.Attribute)) \
+                    and (node.id if isinstance(node, ast.Name) else node.attr) == "REPO_ROOT":
+                found.append(f"{where(node)}: REPO_ROOT (ask servebook.records)")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and any(s in node.value for s in _PAGE_LAYOUT_STRINGS):
+                found.append(f"{where(node)}: path string {node.value!r}")
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                for side in (node.left, node.right):
+                    if isinstance(side, ast.Constant) and isinstance(side.value, str) \
+                            and side.value.split("/")[0] in _LAYOUT_NAMES:
+                        found.append(f"{where(node)}: / {side.value!r}")
+    return found
 
 
 def test_pages_exist():
-    assert len(PAGES) > 10
+    assert len(PAGES) > 30
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_pages_and_notebooks_do_not_import_the_cli(page):
-    hits = _PAGE_IMPORT.findall(page.read_text())
-    assert not hits, f"{page.relative_to(ROOT)} imports servebook.commands; import from servebook instead"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_use_the_public_face_and_no_repository_paths(page):
+    found = _page_violations(page.read_text(), page.name)
+    assert not found, (f"{page.relative_to(ROOT)}: {found}; import from servebook, read recorded results "
+                       "with servebook.records (read_json, results_path) and shipped data with servebook.shipped")
 
 
-def test_page_import_pattern_matches_an_import():
-    assert _PAGE_IMPORT.search("x = 1\nfrom servebook.commands.plan import make_plan\n")
-    assert not _PAGE_IMPORT.search("from servebook import make_plan\n")
+_FAKE_PAGE = """# A page
+
+```python
+ROOT = Path.cwd().parents[1]   # a plain block: not executed, not checked
+```
+
+```{code-cell} ipython3
+:tags: [remove-cell]
+%matplotlib inline
+import json
+from servebook import make_plan
+from servebook.records import read_json
+# a comment may name labs/results/step_timing/qwen3-32b.json
+rec = read_json("step_timing", "qwen3-32b.json")
+```
+"""
+
+
+@pytest.mark.parametrize("bad", [
+    "from servebook.commands.plan import make_plan",
+    "import servebook.commands.plan as p",
+    "ROOT = Path.cwd().parents[1]",
+    "ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / 'labs' / 'results').is_dir())",
+    "from servebook.engine_env import REPO_ROOT",
+    "x = json.loads((ROOT / 'labs/results/step_timing/qwen3-32b.json').read_text())",
+    "fixtures = Path('..') / 'tests' / 'fixtures' / 'startup_logs'",
+    "claims = Path('../src/servebook/data/vllm_claims.toml')",
+    "def f():\n    from servebook.commands import plan",
+])
+def test_the_page_check_fails_a_page_that_reads_the_repository(bad):
+    """A clean page passes; the same page with one bad line in a code cell fails, on that line."""
+    assert _page_violations(_FAKE_PAGE) == []
+    page = _FAKE_PAGE.replace("rec = read_json", bad + "\nrec = read_json")
+    found = _page_violations(page)
+    bad_line = page.splitlines().index(bad.splitlines()[-1]) + 1
+    assert found and all(f"line {bad_line}" in f or f"line {bad_line - 1}" in f for f in found), found
 
 
 def test_public_names_resolve():
@@ -124,3 +215,14 @@ def test_records_finds_results_explicitly_by_env_upward_and_falls_back(tmp_path,
     assert records.results_dir(tmp_path / "given") == tmp_path / "given"
     monkeypatch.setenv(records.RESULTS_ENV, str(tmp_path / "elsewhere"))
     assert records.results_dir() == tmp_path / "elsewhere"
+
+
+def test_read_json_reads_a_record_and_names_the_fix_when_it_is_missing(tmp_path, monkeypatch):
+    from servebook import records
+
+    (tmp_path / "step_timing").mkdir()
+    (tmp_path / "step_timing" / "m.json").write_text('{"cases": [1, 2]}')
+    monkeypatch.setenv(records.RESULTS_ENV, str(tmp_path))
+    assert records.read_json("step_timing", "m.json") == {"cases": [1, 2]}
+    with pytest.raises(FileNotFoundError, match=r"SERVEBOOK_RESULTS_DIR.*step_timing/absent\.json"):
+        records.read_json("step_timing", "absent.json")
