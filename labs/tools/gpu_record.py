@@ -29,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from servebook.provenance import config_sha256, device_info, utc_now_iso, vllm_version  # noqa: E402
+from servebook.shipped import MODELS_DIR as SHIPPED_MODELS_DIR  # noqa: E402
 from servebook.tiny_model import language_model_config, write_model_dir  # noqa: E402
 
-MODELS_DIR = Path(os.environ.get("SERVEBOOK_RECORD_MODELS_DIR", ROOT / "src" / "servebook" / "data" / "models"))
+MODELS_DIR = Path(os.environ.get("SERVEBOOK_RECORD_MODELS_DIR", SHIPPED_MODELS_DIR))
 MARK = "SERVEBOOK_RESULT "
 
 

@@ -117,7 +117,7 @@ PLAN
 check() {
   "$PY" - <<'PY'
 import sys, vllm, torch
-import servebook.lab, servebook.commands.plan
+import servebook.lab, servebook.plan
 from servebook.lab import get_profile
 p = get_profile("gpu")
 print("python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
