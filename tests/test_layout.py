@@ -226,3 +226,14 @@ def test_read_json_reads_a_record_and_names_the_fix_when_it_is_missing(tmp_path,
     assert records.read_json("step_timing", "m.json") == {"cases": [1, 2]}
     with pytest.raises(FileNotFoundError, match=r"SERVEBOOK_RESULTS_DIR.*step_timing/absent\.json"):
         records.read_json("step_timing", "absent.json")
+
+
+@pytest.mark.parametrize("folder", ["book", "notebooks", "labs"])
+def test_a_page_running_in_its_folder_finds_this_checkouts_results(folder, monkeypatch):
+    """The build runs each page in its own folder; records' upward search must land on this checkout."""
+    from servebook import records
+
+    monkeypatch.delenv(records.RESULTS_ENV, raising=False)
+    monkeypatch.chdir(ROOT / folder)
+    assert records.results_dir().resolve() == (ROOT / "labs" / "results").resolve()
+    assert records.read_json("step_timing", "qwen3-32b.json")["cases"]
