@@ -398,10 +398,9 @@ def test_requests_that_fit_count_whole_blocks():
     assert requests_that_fit(2048, 640, 16) == 51
     assert requests_that_fit(2048, 641, 16) == 49
     # The knee the lab recorded on the H200 (measurements.predicted_knee), from its own workload.
-    import json
-    from pathlib import Path
+    from servebook.lab.recorded import load_l3
 
-    m = json.loads((Path(__file__).resolve().parents[1] / "labs/results/labs/l3_preemption_gpu.json").read_text())
+    m = load_l3()
     w = m["measurements"]["workload"]
     assert requests_that_fit(w["num_gpu_blocks_override"], w["input_len"] + w["output_len"],
                              m["measurements"]["block_size"]) == m["measurements"]["predicted_knee"]

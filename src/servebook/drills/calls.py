@@ -533,11 +533,12 @@ def slo_gpu_price_index(**kw) -> float:
 
 def _lab_measurements(lab: str) -> tuple[str, dict]:
     """(file path as the repository names it, ``measurements``) of a recorded lab result, read and
-    checked by :func:`servebook.lab.recorded.load_recorded`; ``lab`` is the file stem (``l3_preemption_gpu``)."""
-    from servebook.lab.recorded import RECORDED_DIR, load_recorded
+    checked by :func:`servebook.lab.recorded.load_rendered` (a lab recorded in part files comes merged);
+    ``lab`` is the file stem (``l3_preemption_gpu``)."""
+    from servebook.lab.recorded import load_rendered
 
-    path = RECORDED_DIR / f"{lab}.json"
-    return repo_relative(path), load_recorded(path)["measurements"]
+    name, doc = load_rendered(lab)
+    return repo_relative(Path(name)), doc["measurements"]
 
 
 def repo_relative(path: Path) -> str:
