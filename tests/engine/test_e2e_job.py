@@ -128,3 +128,12 @@ def test_steps_account_for_every_token(doc):
         assert sum(steps["total_tokens"]) == job["prompt_tokens"] + job["output_tokens"] - job["requests"]
         assert sum(steps["prefill_tokens"]) == job["prompt_tokens"]
         assert max(steps["total_tokens"]) <= doc["engine_args"]["max_num_batched_tokens"]
+
+
+def test_steps_carry_the_decode_contexts_and_prefill_chunks(doc):
+    for job in doc["jobs"]:
+        steps, cols = job["steps"], job["request_columns"]
+        # a request of p prompt and o output tokens decodes o - 1 times, with p, p+1, ..., p+o-2 tokens cached
+        expected = sum((o - 1) * p + (o - 1) * (o - 2) // 2 for p, o in zip(cols["prompt_tokens"], cols["output_tokens"]))
+        assert sum(steps["decode_context_tokens"]) == expected
+        assert [sum(c[0] for c in chunks) for chunks in steps["prefills"]] == steps["prefill_tokens"]

@@ -141,8 +141,10 @@ def _step_columns(step_log: str | None, t0_mono: float, t1_mono: float) -> dict 
     except Exception:  # noqa: BLE001
         return None
     return {"t_s": [round(s["t"] - t0_mono, 6) for s in steps], "total_tokens": [s["total"] for s in steps],
-            "decodes": [s["decodes"] for s in steps], "prefill_requests": [len(s["prefills"]) for s in steps],
-            "prefill_tokens": [sum(p[0] for p in s["prefills"]) for s in steps]}
+            "decodes": [s["decodes"] for s in steps], "decode_context_tokens": [s.get("decode_ctx") for s in steps],
+            "prefill_requests": [len(s["prefills"]) for s in steps],
+            "prefill_tokens": [sum(p[0] for p in s["prefills"]) for s in steps],
+            "prefills": [s["prefills"] for s in steps]}
 
 
 def run_job(llm, job: Job, engine_args: dict, config: dict, step_log: str | None, gpu: str) -> dict:
