@@ -28,9 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", help="JSON with 'fitted_on' (default: servebook/perf/data/e2e_split.json)")
     ap.add_argument("--gpu", help="catalogue GPU to predict for (default: the one each record names)")
     ap.add_argument("--json", action="store_true", help="print the rows and summaries as JSON")
+    ap.add_argument("--steps", action="store_true",
+                    help="also: the simulator's replay of each job and its recorded steps priced one by one")
     args = ap.parse_args(argv)
     fitted = fitted_models(args.split)
-    rows = [r for doc in e2e_results(args.results) for r in job_rows(doc, fitted=fitted, gpu=args.gpu)]
+    rows = [r for doc in e2e_results(args.results) for r in job_rows(doc, fitted=fitted, gpu=args.gpu, detail=args.steps or args.json)]
     groups = {g: summary([r for r in rows if r["group"] == g]) for g in ("fitted", "held out")}
     steady = {g: summary([r for r in rows if r["group"] == g], "steady_error") for g in ("fitted", "held out")}
     if args.json:
@@ -46,6 +48,19 @@ def main(argv: list[str] | None = None) -> int:
                        if "steady_tps" in r else f"{'-':>6s} {'-':>9s} {'-':>6s}")
         print(f"{r['model']:18s} {r['job']:18s} {r['group']:8s} {r['predicted_s']:7.1f} {r['measured_s']:7.1f} "
               f"{r['predicted_tps']:10.0f} {r['measured_tps']:10.0f} {_pct(r['error'])} {steady_cols}")
+    if args.steps:
+        print(f"\n{'model':18s} {'job':18s} {'sim s':>6s} {'sim err':>7s} {'step err':>8s} {'decode':>6s} "
+              f"{'mixed':>6s} {'mixed share':>11s} {'outside s':>9s}  decode-step error by batch")
+        for r in rows:
+            if "simulated_s" not in r:
+                continue
+            by_batch = " ".join(f"{b}:{_pct(v['error']).strip()}" for b, v in (r.get("steps_by_batch") or {}).items()
+                                if v["steps"] >= 5)
+            print(f"{r['model']:18s} {r['job']:18s} {r['simulated_s']:6.1f} {_pct(r['sim_error']):>7s} "
+                  f"{_pct(r.get('step_error')):>8s} {_pct(r.get('step_error_decode')):>6s} "
+                  f"{_pct(r.get('step_error_mixed')):>6s} {_pct(r.get('mixed_share'), ''):>11s} "
+                  f"{r.get('outside_steps_s', float('nan')):9.2f}  {by_batch}")
+        print()
     for g in ("fitted", "held out"):
         s, st = groups[g], steady[g]
         print(f"{g:8s}: {s['jobs']} jobs, mean absolute error {_pct(s['mae'], '')}, worst {_pct(s['worst'])}, "

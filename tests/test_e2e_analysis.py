@@ -79,3 +79,27 @@ def test_benchmark_prints_every_job_and_both_groups(capsys, monkeypatch):
     [doc] = e2e_results(FIXTURES)
     assert len(out["rows"]) == len([j for j in doc["jobs"] if "wall_s" in j])
     assert out["summary"]["held out"]["jobs"] == len(out["rows"]) and out["summary"]["fitted"]["jobs"] == 0
+
+
+def test_priced_steps_cover_the_recorded_steps():
+    from servebook.lab.e2e_analysis import priced_steps
+
+    [doc] = e2e_results(FIXTURES)
+    for job in doc["jobs"]:
+        p = priced_steps(doc, job)
+        t = job["steps"]["t_s"]
+        assert p["all"]["steps"] == p["decode"]["steps"] + p["mixed"]["steps"] == len(t) - 1
+        assert p["all"]["measured_s"] == pytest.approx(t[-1] - t[0])
+        assert p["all"]["predicted_s"] > 0
+        assert sum(v["steps"] for v in p["by_batch"].values()) == p["decode"]["steps"]
+        assert p["outside_steps_s"] == pytest.approx(job["wall_s"] - (t[-1] - t[0]))
+
+
+def test_simulated_replay_serves_every_requested_token():
+    from servebook.lab.e2e_analysis import simulated
+
+    [doc] = e2e_results(FIXTURES)
+    for job in doc["jobs"]:
+        s = simulated(doc, job)
+        assert s["output_tokens_per_s"] * s["seconds"] == pytest.approx(sum(job["request_columns"]["output_tokens"]))
+        assert 1 <= s["mean_running"] <= doc["engine_args"]["max_num_seqs"]

@@ -70,8 +70,14 @@ def _catalogue_gpu(doc: dict, gpu: str | None) -> tuple[str, str]:
         return "h200", f"assumed h200: recorded on {reported!r}, not a catalogue GPU"
 
 
-def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None) -> list[dict]:
-    """One row per measured job of a record: fleet's prediction, the measurement, the steady state."""
+def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:
+    """One row per measured job of a record: fleet's prediction, the measurement, the steady state.
+
+    With ``detail`` also the simulator's replay of the job (``simulated_s``, ``sim_error``: its
+    output tokens/s / measured - 1) and the recorded steps priced by the step-time model
+    (``step_error_decode``, ``step_error_mixed``, ``step_error``: predicted / measured step seconds
+    - 1; ``outside_steps_s``).
+    """
     from servebook.lab.e2e_plan import predict
 
     g, where = _catalogue_gpu(doc, gpu)
@@ -98,6 +104,16 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None) -> list[di
             row.update(steady_share=steady["share_of_wall"], steady_tps=steady["output_tokens_per_s"],
                        steady_batch=steady["mean_batch"], steady_step_s=steady["mean_step_s"],
                        steady_error=pred["output_tokens_per_s"] / steady["output_tokens_per_s"] - 1)
+        if detail:
+            sim = simulated(doc, job, gpu=g)
+            row.update(simulated_s=sim["seconds"], simulated_tps=sim["output_tokens_per_s"],
+                       sim_error=sim["output_tokens_per_s"] / measured - 1, sim_mean_running=sim["mean_running"])
+            priced = priced_steps(doc, job, gpu=g)
+            if priced:
+                row.update(step_error=priced["all"]["error"], step_error_decode=priced["decode"]["error"],
+                           step_error_mixed=priced["mixed"]["error"], outside_steps_s=priced["outside_steps_s"],
+                           steps_by_batch=priced["by_batch"], mixed_share=priced["mixed"]["measured_s"]
+                           / max(priced["all"]["measured_s"], 1e-12))
         rows.append(row)
     return rows
 
@@ -109,3 +125,97 @@ def summary(rows: list[dict], key: str = "error") -> dict:
         return {"jobs": 0, "mae": None, "worst": None, "mean": None}
     return {"jobs": len(errs), "mae": statistics.fmean(abs(e) for e in errs),
             "worst": max(errs, key=abs), "mean": statistics.fmean(errs)}
+
+
+def _step_model(doc: dict, gpu: str):
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.simulator.step_time import perf_step_time
+    from servebook.vllm_rules import cudagraph_max_tokens
+
+    flags = doc["engine_args"]
+    g = gpu_numbers(gpu)
+    coeffs, _ = calibrated_coefficients(g.name)
+    return perf_step_time(load_model_spec(doc["config"], name=doc["model_id"]), g, coeffs,
+                          cudagraph_max_tokens=cudagraph_max_tokens(int(flags["max_num_seqs"]),
+                                                                    int(flags["max_num_batched_tokens"])))
+
+
+def priced_steps(doc: dict, job: dict, *, gpu: str | None = None) -> dict | None:
+    """The job's recorded steps priced one by one by the step-time model, against their measured times.
+
+    A step's measured time is the interval from its scheduling to the next step's (the last step has
+    none). Its content is what the engine scheduled: each prefill chunk (tokens, tokens computed
+    before, whether it ends its prompt) and the decoding requests, each at the step's mean decode
+    context. Returns per group (``decode`` steps without prefill, ``mixed`` steps) the steps, the
+    measured and predicted seconds and ``error`` (predicted / measured - 1), ``by_batch`` (decode
+    steps in batch buckets), and ``outside_steps_s`` (job wall time before the first and after the
+    last step's scheduling). None without a step log that has decode contexts.
+    """
+    steps = job.get("steps")
+    if not steps or not steps.get("t_s") or not steps.get("prefills") or None in steps.get("decode_context_tokens", [None]):
+        return None
+    g, _ = _catalogue_gpu(doc, gpu)
+    model = _step_model(doc, g)
+    t = steps["t_s"]
+    groups: dict = {"decode": [0, 0.0, 0.0], "mixed": [0, 0.0, 0.0]}
+    buckets: dict = {}
+    for k in range(len(t) - 1):
+        decodes, ctx = steps["decodes"][k], steps["decode_context_tokens"][k]
+        chunks = [(n, before, before + n >= prompt) for n, prompt, before in steps["prefills"][k]]
+        if not decodes and not chunks:
+            continue
+        contexts = [max(1, round(ctx / decodes))] * decodes if decodes else []
+        predicted = model.step_s(chunks, contexts)
+        measured = t[k + 1] - t[k]
+        key = "mixed" if chunks else "decode"
+        groups[key][0] += 1
+        groups[key][1] += measured
+        groups[key][2] += predicted
+        if key == "decode":
+            b = min(256, 1 << max(0, (decodes - 1).bit_length()))  # 1, 2, 4, ... 256
+            acc = buckets.setdefault(b, [0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += measured
+            acc[2] += predicted
+
+    def pack(n, meas, pred):
+        return {"steps": n, "measured_s": meas, "predicted_s": pred, "error": pred / meas - 1 if meas > 0 else None}
+
+    out = {k: pack(*v) for k, v in groups.items()}
+    out["all"] = pack(groups["decode"][0] + groups["mixed"][0], groups["decode"][1] + groups["mixed"][1],
+                      groups["decode"][2] + groups["mixed"][2])
+    out["by_batch"] = {b: pack(*v) for b, v in sorted(buckets.items())}
+    out["outside_steps_s"] = t[0] + (job["wall_s"] - t[-1])
+    return out
+
+
+def simulated(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
+    """The job replayed by servebook's scheduler simulator with the step-time model: every request at t=0.
+
+    The KV pool is the engine's own (the start-up log's KV cache tokens, in 16-token blocks) when
+    recorded, else the memory model's. Returns ``seconds`` (makespan), ``output_tokens_per_s`` and ``mean_running``.
+    """
+    from servebook.simulator import SchedulerConfig, simulate
+    from servebook.simulator.workload import RequestSpec
+
+    g, _ = _catalogue_gpu(doc, gpu)
+    flags = doc["engine_args"]
+    tokens = ((doc.get("startup") or {}).get("parsed") or {}).get("kv_cache_tokens")
+    if tokens:
+        blocks = int(tokens) // 16
+    else:
+        from servebook.simulator.sizing import planned_num_blocks
+
+        blocks = planned_num_blocks(doc["model_id"], g, max_model_len=int(flags["max_model_len"]),
+                                    max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
+                                    gpu_memory_utilization=float(flags["gpu_memory_utilization"]))
+    cols = job["request_columns"]
+    requests = [RequestSpec(f"r{i}", p, o) for i, (p, o) in enumerate(zip(cols["prompt_tokens"], cols["output_tokens"]))]
+    config = SchedulerConfig(num_blocks=int(blocks), max_num_seqs=int(flags["max_num_seqs"]),
+                             max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
+                             max_model_len=int(flags["max_model_len"]))
+    s = simulate(requests, config, _step_model(doc, g)).summary()
+    return {"seconds": s["makespan_s"], "output_tokens_per_s": s["output_tokens_per_s"], "mean_running": s["mean_running"],
+            "preemptions": s["preemptions"]}
