@@ -440,3 +440,21 @@ def test_requests_that_fit_count_whole_blocks():
     for bad in ((0, 640, 16), (2048, 0, 16), (2048, 640, 0), (2048.0, 640, 16)):
         with pytest.raises(ServebookError, match="integers >= 1"):
             requests_that_fit(*bad)
+
+
+def test_running_concurrency_matches_the_h200_gemma3_run_of_issue_20():
+    """Issue 20's measurement (one H200, vLLM 0.26.0, Gemma-3-27B shape, max_model_len 16384):
+    the log said 8.54x for 16,384-token requests; 96 requests of 6,000 + 256 tokens ran 77 at once
+    with 0 preemptions. Any pool the log's 8.54x allows predicts 78 (admitting the 78th needs its
+    whole 6,000-token prompt free in every group, which is why one fewer ran)."""
+    from servebook.hf_config import load_model_spec
+
+    spec = load_model_spec("gemma-3-27b")
+    layout = kv_cache_layout(spec)
+    admission = 1024 + 6 * 1025                      # see test_plan_cli: 16384/16 + 6 x (1024 + 1)
+    for blocks in (int(8.535 * admission) + 1, int(8.545 * admission)):   # every pool that logs 8.54x
+        cap = capacity(spec, blocks * layout.bytes_per_block, max_model_len=16384, max_num_batched_tokens=8192)
+        assert round(cap.max_concurrency, 2) == 8.54
+        run = running_concurrency(cap, 6000 + 256)
+        assert run.blocks_per_request == 391 + 6 * 65
+        assert run.max_running == 78 and abs(run.max_running - 77) <= 1
