@@ -7,7 +7,8 @@ tokens at once. The start-up log's ``Maximum concurrency`` books each sliding gr
 counts what a running request holds once ``remove_skipped_blocks`` has freed what left the window.
 The engine's peak of requests running at once (``len(scheduler.running)`` after each step, and the
 decoding overlap from ``RequestOutput.metrics``) must sit near the run-time figure, far above the log's.
-About 40 s on 2 cores, mostly engine start-up.
+About 25 s on 2 cores, mostly engine start-up. A second test drives vLLM's own SlidingWindowManager
+(no engine) token by token and checks that its peak hold equals servebook's run-time rule.
 """
 from __future__ import annotations
 
@@ -98,3 +99,45 @@ def test_engine_runs_the_run_time_figure_not_the_logged_one(tmp_path):
     assert got["peak_decoding_from_metrics"] >= 2 * cap.max_concurrency
     # Every running request holds at most the run-time figure, so the pool never runs dry:
     assert got["preemptions"] == 0
+
+
+# ---- the run-time rule against vLLM 0.27.1's own SlidingWindowManager (no engine) -------------------
+
+WINDOW_MANAGER = r"""
+import json, sys
+import torch
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
+from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+out = []
+for window, block, unsettled in json.loads(sys.argv[1]):
+    spec = SlidingWindowSpec(block_size=block, num_kv_heads=1, head_size=16, dtype=torch.bfloat16,
+                             sliding_window=window)
+    pool = BlockPool(num_gpu_blocks=4096, enable_caching=False, hash_block_size=block)
+    mgr = get_manager_for_kv_cache_spec(spec, max_in_flight_tokens=unsettled, max_model_len=10**6,
+                                        block_pool=pool, enable_caching=False, kv_cache_group_id=0,
+                                        scheduler_block_size=block)
+    peak = 0
+    # Decode one token at a time the way KVCacheManager.allocate_slots does: free what left the window
+    # on the processed prefix, then give the request slots up to processed + unsettled tokens.
+    for processed in range(0, window + 6 * block):
+        mgr.remove_skipped_blocks("r", processed)
+        mgr.allocate_new_blocks("r", processed + unsettled, processed + unsettled)
+        live = sum(1 for b in mgr.req_to_blocks["r"] if not b.is_null)
+        peak = max(peak, live)
+    out.append(peak)
+print("SERVEBOOK_PEAKS " + json.dumps(out))
+"""
+
+
+@pytest.mark.vllm_env
+def test_running_sliding_hold_is_what_vllms_window_manager_keeps(vllm_probe, tmp_path):
+    from servebook.vllm_rules import sliding_window_running_blocks
+
+    cases = [(1024, 16, 2), (1024, 16, 1), (64, 16, 1), (17, 16, 1), (128, 16, 2), (100, 32, 3), (4096, 16, 2)]
+    proc = vllm_probe.run_source(tmp_path, WINDOW_MANAGER, json.dumps(cases))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_PEAKS "))
+    peaks = json.loads(line.split(" ", 1)[1])
+    assert peaks == [sliding_window_running_blocks(w, b, u) for w, b, u in cases]
