@@ -639,24 +639,33 @@ def plot_l2(measurements: dict, doc: dict | None = None):
 
 
 def plot_l3(measurements: dict, doc: dict | None = None):
-    """Output throughput (line) and preemptions (bars) against max-num-seqs, predicted knee marked."""
+    """Output throughput (line) and preemptions (bars) against max-num-seqs, predicted knee marked.
+
+    Drawn at page width with 10-point text (:mod:`servebook.figures`): 6.9 shows it too.
+    """
+    from servebook.figures import page_axes, page_style
+
     points, knee = measurements["points"], measurements["predicted_knee"]
-    fig, ax = _axes()
-    xs = [p["max_num_seqs"] for p in points]
-    ax.plot(xs, [p["output_throughput"] for p in points], "o-", label="output tokens/s")
-    ax.axvline(knee, ls="--", color="grey", label=f"predicted knee ({knee})")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.minorticks_off()
-    ax.set_xlabel("--max-num-seqs (requests per step, log scale)")
-    ax.set_ylabel("output throughput, tokens/s")
-    ax2 = ax.twinx()
-    ax2.bar(xs, [p["preemptions"] for p in points], width=[x * 0.2 for x in xs], alpha=0.3, color="red")
-    ax2.set_ylabel("preemptions (count)")
-    blocks = measurements["workload"]["num_gpu_blocks_override"]
-    ax.set_title(figure_title(doc, f"Preemptions and throughput, pool of {blocks:,} blocks"), fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    with page_style():
+        fig, ax = page_axes()
+        xs = [p["max_num_seqs"] for p in points]
+        ax2 = ax.twinx()
+        bars = ax2.bar(xs, [p["preemptions"] for p in points], width=[x * 0.2 for x in xs], alpha=0.3,
+                       color="red", label="preemptions")
+        ax2.set_ylabel("preemptions (count)")
+        line, = ax.plot(xs, [p["output_throughput"] for p in points], "o-", label="output tokens/s")
+        knee_line = ax.axvline(knee, ls="--", color="grey", label=f"predicted knee ({knee})")
+        ax.set_zorder(ax2.get_zorder() + 1)   # the line over the bars
+        ax.patch.set_visible(False)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+        ax.set_xlabel("--max-num-seqs (log scale)")
+        ax.set_ylabel("output throughput, tokens/s")
+        blocks = measurements["workload"]["num_gpu_blocks_override"]
+        ax.set_title(figure_title(doc, f"Preemptions and throughput, pool of {blocks:,} blocks"))
+        ax.legend(handles=[line, bars, knee_line], loc="upper left")
+        fig.tight_layout()
     return fig
 
 

@@ -1,0 +1,180 @@
+"""Figures for the chapter pages: one plot per argument, drawn at page width.
+
+Every function takes data the page has already loaded (a recorded lab, a step-timing file, the
+library's memory budget) and returns a matplotlib figure of about 7 x 3.5 inches with 10-point
+text, so that it stays readable when the book scales it to the text column. Pages glue the
+figure and caption it with a ``{glue:figure}`` directive; the caption carries the provenance
+(GPU, vLLM version), glued from the same data.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+#: Figure size on a chapter page, inches (width, height): the text column's width.
+PAGE_FIGSIZE = (7.0, 3.5)
+#: Text size on a chapter page, points: never smaller than the body text's footnotes.
+PAGE_FONT_PT = 10
+
+_PAGE_RC = {"font.size": PAGE_FONT_PT, "axes.titlesize": PAGE_FONT_PT, "axes.labelsize": PAGE_FONT_PT,
+            "xtick.labelsize": PAGE_FONT_PT, "ytick.labelsize": PAGE_FONT_PT, "legend.fontsize": PAGE_FONT_PT}
+
+#: Colours of the start-up memory claims (as in the memory-budget notebook).
+CLAIM_COLOURS = {"weights": "#4c72b0", "activations": "#dd8452", "non-torch": "#937860",
+                 "CUDA graphs": "#8172b3", "KV cache": "#55a868", "not requested": "#dddddd"}
+
+GIB = 2**30
+
+
+_COUNT_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
+
+
+def recorded_on(doc: dict) -> str:
+    """Where a recorded GPU result ran, for a figure's caption: ``"one NVIDIA H200, vLLM 0.26.0"``.
+
+    ``doc`` is a recorded file (a lab, a step-timing or batch-tactics record) with ``gpu.name``,
+    ``gpu.count`` (1 when absent) and ``vllm_version``.
+    """
+    count = doc["gpu"].get("count", 1)
+    return f"{_COUNT_WORDS.get(count, str(count))} {doc['gpu']['name']}, vLLM {doc['vllm_version']}"
+
+
+@contextmanager
+def page_style():
+    """Matplotlib settings of a chapter-page figure (10-point text) for the ``with`` block."""
+    import matplotlib.pyplot as plt
+
+    with plt.rc_context(_PAGE_RC):
+        yield
+
+
+def page_axes(figsize=PAGE_FIGSIZE):
+    """A new figure of page width with one Axes (call inside :func:`page_style`)."""
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)
+
+
+# ---- 6.5: where the GPU's memory goes --------------------------------------------------------
+
+def memory_claims_gib(budget) -> dict[str, float]:
+    """The start-up claims of a :class:`servebook.memory.MemoryBudget`, GiB, in the order vLLM makes them.
+
+    Keys: weights, activations (profiled peak), non-torch, CUDA graphs, KV cache, not requested
+    (``total - requested``); they add up to the GPU's total memory.
+    """
+    return {"weights": budget.weights_gib, "activations": budget.activation_gib,
+            "non-torch": budget.non_torch_gib, "CUDA graphs": budget.cudagraph_gib,
+            "KV cache": budget.available_kv_gib,
+            "not requested": budget.total_memory_gib - budget.requested_gib}
+
+
+def plot_memory_claims(budgets: dict[str, object]):
+    """One stacked horizontal bar per model: its GPU's memory split into the start-up claims, GiB.
+
+    ``budgets`` maps a bar's label (the model) to its ``MemoryBudget``. Claims of at least 8 GiB
+    are labelled with their size. Returns the figure.
+    """
+    with page_style():
+        fig, ax = page_axes()
+        labels = list(budgets)
+        for y, label in enumerate(labels):
+            left = 0.0
+            for name, gib in memory_claims_gib(budgets[label]).items():
+                ax.barh(y, gib, left=left, color=CLAIM_COLOURS[name], edgecolor="white",
+                        label=name if y == 0 else None)
+                if gib >= 8:
+                    ax.text(left + gib / 2, y, f"{gib:.1f}", ha="center", va="center",
+                            color="black" if name == "not requested" else "white")
+                left += gib
+        ax.set_yticks(range(len(labels)), labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(b.total_memory_gib for b in budgets.values()))
+        ax.set_xlabel("memory of one GPU, GiB")
+        ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.42, -0.22), frameon=False)
+        fig.tight_layout()
+    return fig
+
+
+# ---- 6.4: roofline with recorded steps ------------------------------------------------------
+
+def recorded_step_points(spec, prefill: list[dict], decode: list[dict]) -> dict[str, list[tuple]]:
+    """Recorded steps placed on the roofline: (FLOP/byte, achieved TFLOP/s) per step.
+
+    ``prefill``: rows ``{"tokens", "time_s"}`` (one prompt prefilled in one step); ``decode``: rows
+    ``{"batch", "mean_context_tokens", "step_s"}``, as in a step-timing record. FLOPs and bytes
+    come from :mod:`servebook.perf.roofline` (one GPU, no tensor parallelism); achieved TFLOP/s =
+    model FLOPs / measured seconds / 1e12.
+    """
+    from servebook.perf.roofline import decode_intensity, prefill_intensity
+
+    points: dict[str, list[tuple]] = {"prefill": [], "decode": []}
+    for row in prefill:
+        w = prefill_intensity(spec, [row["tokens"]])
+        points["prefill"].append((float(w["intensity_flops_per_byte"][0]),
+                                  float(w["flops"][0]) / row["time_s"] / 1e12))
+    for row in decode:
+        w = decode_intensity(spec, [row["batch"]], row["mean_context_tokens"])
+        points["decode"].append((float(w["intensity_flops_per_byte"][0]),
+                                 float(w["flops"][0]) / row["step_s"] / 1e12))
+    return points
+
+
+def plot_roofline_steps(spec, gpu, prefill: list[dict], decode: list[dict]):
+    """The GPU's roofline (bf16 peak, HBM bandwidth) with recorded prefill and decode steps on it.
+
+    Log-log: FLOP per byte read from HBM against TFLOP/s; ``gpu`` is a catalogue name or
+    ``GpuNumbers``. Rows as for :func:`recorded_step_points`. Returns the figure.
+    """
+    from servebook.perf.gpu import gpu_numbers
+
+    g = gpu_numbers(gpu)
+    pts = recorded_step_points(spec, prefill, decode)
+    xs = [x for rows in pts.values() for x, _ in rows]
+    lo, hi = min(xs + [g.ridge_flops_per_byte]) / 2, max(xs + [g.ridge_flops_per_byte]) * 2
+    with page_style():
+        fig, ax = page_axes()
+        ax.plot([lo, g.ridge_flops_per_byte, hi],
+                [g.hbm_bandwidth_bytes_per_s * lo / 1e12, g.bf16_dense_flops / 1e12, g.bf16_dense_flops / 1e12],
+                "k-", label="roofline (bf16 peak, HBM bandwidth)")
+        ax.plot(*zip(*pts["decode"]), "o", color="C0", label="decode steps (batch 1-256)")
+        ax.plot(*zip(*pts["prefill"]), "s", color="C3", label="prefill steps (one prompt)")
+        ax.axvline(g.ridge_flops_per_byte, ls=":", color="grey")
+        ax.annotate(f"ridge: {g.ridge_flops_per_byte:.0f} FLOP/byte", (g.ridge_flops_per_byte, g.bf16_dense_flops / 20e12),
+                    xytext=(5, 0), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity, FLOP per byte read")
+        ax.set_ylabel("achieved, TFLOP/s")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+    return fig
+
+
+# ---- 6.11: Lab 5's TTFT against the decodes' worst gap ---------------------------------------
+
+def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None):
+    """Lab 5: long prompt's TTFT against the decodes' worst inter-token gap, one point per budget.
+
+    ``rows`` from :func:`servebook.lab.recorded.l5_table`; measured points labelled with their
+    ``--max-num-batched-tokens``, the calibrated model's prediction dashed, and ``target_ms`` (the
+    procedure's gap target) as a horizontal line when given. Gap on a log scale. Returns the figure.
+    """
+    with page_style():
+        fig, ax = page_axes()
+        ax.plot([r["TTFT ms predicted"] for r in rows], [r["worst ITL ms predicted"] for r in rows], "x--",
+                color="grey", label="predicted (step model)")
+        ax.plot([r["TTFT ms measured"] for r in rows], [r["worst ITL ms measured"] for r in rows], "o",
+                color="C0", label="measured")
+        for r in rows:
+            ax.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else " (chunking off)"),
+                        (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points",
+                        xytext=(6, -4))
+        if target_ms is not None:
+            ax.axhline(target_ms, ls=":", color="C2", label=f"gap target ({target_ms:.0f} ms)")
+        ax.set_yscale("log")
+        ax.set_xlim(right=max(r["TTFT ms measured"] for r in rows) * 1.25)
+        ax.set_xlabel("long prompt's time to first token, ms")
+        ax.set_ylabel("decodes' worst gap, ms (log)")
+        ax.legend(loc="upper right")
+        fig.tight_layout()
+    return fig

@@ -1,0 +1,153 @@
+"""The chapter pages' figures (servebook.figures and the lab plots the pages reuse) draw exactly the
+recorded or computed values, read back from the Axes and compared with the data files read here by
+hand, label every axis with its unit, and keep their text at the page size.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from servebook import figures as F  # noqa: E402
+from servebook.lab import recorded as R  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = ROOT / "labs" / "results" / "labs"
+STEPS = ROOT / "labs" / "results" / "step_timing" / "qwen3-32b.json"
+UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "log scale")
+
+
+@pytest.fixture
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def assert_page_figure(fig):
+    """Page width, every visible text at least 10 pt, every Axes labelled with a unit (or a category axis)."""
+    w, h = fig.get_size_inches()
+    assert 6.5 <= w <= 7.5 and h <= 4, (w, h)
+    for ax in fig.axes:
+        assert any(u in ax.get_ylabel() for u in UNITS) or ax.get_yticklabels()[0].get_text(), ax.get_ylabel()
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels()]
+        if ax.get_legend():
+            texts += ax.get_legend().get_texts()
+        small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_text() and t.get_fontsize() < 10]
+        assert not small, small
+    assert any(any(u in ax.get_xlabel() for u in UNITS) for ax in fig.axes), [ax.get_xlabel() for ax in fig.axes]
+
+
+def test_recorded_on_names_the_gpu_count_in_words_and_the_version():
+    doc = json.loads(STEPS.read_text())
+    assert F.recorded_on(doc) == "one NVIDIA H200, vLLM 0.26.0"
+    assert F.recorded_on({"gpu": {"name": "NVIDIA H200", "count": 2}, "vllm_version": "0.26.0"}) == \
+        "two NVIDIA H200, vLLM 0.26.0"
+
+
+# ---- 6.9: Lab 3's sweep (plot_l3) -----------------------------------------------------------
+
+def test_l3_plot_draws_the_recorded_sweep(close_figures):
+    points = []
+    for name in ("l3_preemption_16_48_gpu.json", "l3_preemption_128_256_gpu.json"):
+        points += json.loads((LABS / name).read_text())["measurements"]["points"]
+    fig = R.plot_l3(R.load_l3()["measurements"])
+    assert_page_figure(fig)
+    ax, ax2 = fig.axes
+    ax, ax2 = (ax, ax2) if ax.get_ylabel().startswith("output") else (ax2, ax)
+    line = next(l for l in ax.lines if l.get_label() == "output tokens/s")
+    assert [tuple(p) for p in line.get_xydata()] == [(p["max_num_seqs"], p["output_throughput"]) for p in points]
+    assert [b.get_height() for b in ax2.patches] == [p["preemptions"] for p in points]
+    # The knee by hand: 2048 blocks, each request ends at 512 + 128 tokens = 40 blocks of 16: 51.
+    knee = next(l for l in ax.lines if "knee" in l.get_label())
+    assert list(knee.get_xdata()) == [51, 51] and "(51)" in knee.get_label()
+    assert ax.get_ylabel() == "output throughput, tokens/s" and ax2.get_ylabel() == "preemptions (count)"
+
+
+# ---- 6.5: the memory claims -----------------------------------------------------------------
+
+def test_memory_bar_stacks_the_budgets_claims_to_the_gpus_memory(close_figures):
+    from servebook.hardware import get_gpu
+    from servebook.hf_config import load_model_spec
+    from servebook.memory import memory_budget
+
+    gpu = get_gpu("H200")
+    budgets = {name: memory_budget(load_model_spec(name), gpu_memory_bytes=gpu.memory_bytes,
+                                   max_num_batched_tokens=8192, max_num_seqs=1024)
+               for name in ("gemma-4-31b", "gemma-4-26b-a4b")}
+    fig = F.plot_memory_claims(budgets)
+    assert_page_figure(fig)
+    [ax] = fig.axes
+    assert ax.get_xlabel() == "memory of one GPU, GiB"
+    bars = ax.patches
+    assert len(bars) == 6 * len(budgets)
+    for row, b in enumerate(budgets.values()):
+        mine = bars[6 * row: 6 * row + 6]
+        want = [b.weights_bytes, b.activation_bytes, b.non_torch_bytes, b.cudagraph_bytes, b.available_kv_bytes,
+                b.total_memory_bytes - b.requested_bytes]
+        assert [p.get_width() for p in mine] == pytest.approx([x / 2**30 for x in want], abs=1e-9)
+        # Each segment starts where the previous ended, and the bar ends at the GPU's memory.
+        assert [p.get_x() for p in mine[1:]] == pytest.approx([p.get_x() + p.get_width() for p in mine[:-1]])
+        assert mine[-1].get_x() + mine[-1].get_width() == pytest.approx(gpu.memory_bytes / 2**30)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(F.CLAIM_COLOURS)
+
+
+# ---- 6.4: roofline with the recorded steps ---------------------------------------------------
+
+def test_roofline_places_each_recorded_step_at_model_flops_over_measured_time(close_figures):
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.roofline import decode_intensity, prefill_intensity
+
+    result = json.loads(STEPS.read_text())["cases"][0]["result"]
+    spec, g = load_model_spec("qwen3-32b"), gpu_numbers("H200")
+    fig = F.plot_roofline_steps(spec, "H200", result["prefill"], result["decode"])
+    assert_page_figure(fig)
+    [ax] = fig.axes
+    lines = {l.get_label(): l.get_xydata() for l in ax.lines}
+    pre = lines["prefill steps (one prompt)"]
+    assert len(pre) == len(result["prefill"]) == 6
+    for (x, y), row in zip(pre, result["prefill"]):
+        w = prefill_intensity(spec, [row["tokens"]])
+        assert x == pytest.approx(float(w["intensity_flops_per_byte"][0]))
+        assert y == pytest.approx(float(w["flops"][0]) / row["time_s"] / 1e12)
+    dec = lines["decode steps (batch 1-256)"]
+    assert len(dec) == len(result["decode"]) == 17
+    for (x, y), row in zip(dec, result["decode"]):
+        w = decode_intensity(spec, [row["batch"]], row["mean_context_tokens"])
+        assert y == pytest.approx(float(w["flops"][0]) / row["step_s"] / 1e12)
+    # Batch 1 by hand: about 2 FLOPs per parameter per token, over the measured 18.4 ms step.
+    b1 = next(y for (x, y), row in zip(dec, result["decode"]) if row["batch"] == 1 and row["prompt_tokens"] == 512)
+    assert 0.9 < b1 / (2 * spec.params.total / 0.018447808187501025 / 1e12) < 1.2
+    # No step above the roof; the roof bends at the ridge, at the bf16 peak.
+    roof = lines["roofline (bf16 peak, HBM bandwidth)"]
+    assert tuple(roof[1]) == pytest.approx((g.ridge_flops_per_byte, g.bf16_dense_flops / 1e12))
+    for x, y in [*pre, *dec]:
+        assert y <= min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * x) / 1e12
+
+
+# ---- 6.11: Lab 5's TTFT against the worst gap ------------------------------------------------
+
+def test_chunk_tradeoff_draws_lab5s_medians(close_figures):
+    m = json.loads((LABS / "l5_chunked_prefill_gpu.json").read_text())["measurements"]
+    doc = R.load_recorded(R.recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
+    target = m["prediction"]["recommendation"]["target_step_s"] * 1e3
+    fig = F.plot_chunk_tradeoff(R.l5_table(doc["measurements"]), target)
+    assert_page_figure(fig)
+    [ax] = fig.axes
+    lines = {l.get_label(): l for l in ax.lines}
+    measured = lines["measured"].get_xydata().ravel().tolist()
+    assert measured == pytest.approx([v for c in m["configs"] for v in (c["ttft_s"] * 1e3, c["worst_itl_s"] * 1e3)])
+    # The prediction of each measured configuration, matched by chunking and budget.
+    pred = {(c["chunked"], c["max_num_batched_tokens"]): c for c in m["prediction"]["configs"]}
+    want = [pred[c["chunked"], c["max_num_batched_tokens"]] for c in m["configs"]]
+    predicted = lines["predicted (step model)"].get_xydata().ravel().tolist()
+    assert predicted == pytest.approx([v for c in want for v in (c["ttft_s"] * 1e3, c["worst_itl_s"] * 1e3)])
+    assert list(lines[f"gap target ({target:.0f} ms)"].get_ydata()) == [target, target]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(
+        f"{c['max_num_batched_tokens']:,}" + ("" if c["chunked"] else " (chunking off)") for c in m["configs"])
