@@ -20,7 +20,7 @@ from servebook.lab import recorded as R  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs" / "results" / "labs"
 STEPS = ROOT / "labs" / "results" / "step_timing" / "qwen3-32b.json"
-UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "log scale")
+UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "thousands", "ms per")
 
 
 @pytest.fixture
@@ -29,25 +29,36 @@ def close_figures():
     plt.close("all")
 
 
-def assert_page_figure(fig):
-    """Page width, every visible text at least 10 pt, every Axes labelled with a unit (or a category axis)."""
+def assert_page_figure(fig, categorical: str = ""):
+    """Page width, every visible text at least 10 pt, every axis labelled; a numeric axis names its unit.
+
+    ``categorical``: the axes ("x", "y" or both) whose ticks are names (models, configurations),
+    which need a label (x) or tick names (y) but no unit.
+    """
     w, h = fig.get_size_inches()
     assert 6.5 <= w <= 7.5 and h <= 4, (w, h)
     for ax in fig.axes:
-        assert any(u in ax.get_ylabel() for u in UNITS) or ax.get_yticklabels()[0].get_text(), ax.get_ylabel()
+        for axis, label in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())):
+            if axis in categorical:
+                ticks = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
+                assert label or all(t.get_text() for t in ticks), (axis, label)
+            elif axis == "x" and not label:
+                # A twin y axis shares its panel's x axis: the panel's other Axes must label it.
+                assert any(o.get_xlabel() for o in fig.axes if o.get_position().bounds == ax.get_position().bounds)
+            else:
+                assert any(u in label for u in UNITS), (axis, label)
         texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels()]
         if ax.get_legend():
             texts += ax.get_legend().get_texts()
         small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_text() and t.get_fontsize() < 10]
         assert not small, small
-    assert any(any(u in ax.get_xlabel() for u in UNITS) for ax in fig.axes), [ax.get_xlabel() for ax in fig.axes]
 
 
 def test_recorded_on_names_the_gpu_count_in_words_and_the_version():
     doc = json.loads(STEPS.read_text())
     assert F.recorded_on(doc) == "one NVIDIA H200, vLLM 0.26.0"
     assert F.recorded_on({"gpu": {"name": "NVIDIA H200", "count": 2}, "vllm_version": "0.26.0"}) == \
-        "two NVIDIA H200, vLLM 0.26.0"
+        "two NVIDIA H200s, vLLM 0.26.0"
 
 
 # ---- 6.9: Lab 3's sweep (plot_l3) -----------------------------------------------------------
@@ -57,7 +68,7 @@ def test_l3_plot_draws_the_recorded_sweep(close_figures):
     for name in ("l3_preemption_16_48_gpu.json", "l3_preemption_128_256_gpu.json"):
         points += json.loads((LABS / name).read_text())["measurements"]["points"]
     fig = R.plot_l3(R.load_l3()["measurements"])
-    assert_page_figure(fig)
+    assert_page_figure(fig, categorical="x")   # --max-num-seqs values as ticks
     ax, ax2 = fig.axes
     ax, ax2 = (ax, ax2) if ax.get_ylabel().startswith("output") else (ax2, ax)
     line = next(l for l in ax.lines if l.get_label() == "output tokens/s")
@@ -81,7 +92,7 @@ def test_memory_bar_stacks_the_budgets_claims_to_the_gpus_memory(close_figures):
                                    max_num_batched_tokens=8192, max_num_seqs=1024)
                for name in ("gemma-4-31b", "gemma-4-26b-a4b")}
     fig = F.plot_memory_claims(budgets)
-    assert_page_figure(fig)
+    assert_page_figure(fig, categorical="y")
     [ax] = fig.axes
     assert ax.get_xlabel() == "memory of one GPU, GiB"
     bars = ax.patches
@@ -151,3 +162,33 @@ def test_chunk_tradeoff_draws_lab5s_medians(close_figures):
     assert list(lines[f"gap target ({target:.0f} ms)"].get_ydata()) == [target, target]
     assert sorted(t.get_text() for t in ax.texts) == sorted(
         f"{c['max_num_batched_tokens']:,}" + ("" if c["chunked"] else " (chunking off)") for c in m["configs"])
+
+
+# ---- 6.14: TP against replicas (Lab 9, Qwen3-32B) --------------------------------------------
+
+def test_tp_vs_dp_draws_lab9s_logged_and_measured_values(close_figures):
+    import re
+
+    from servebook.hf_config import load_model_spec
+    from servebook.lab.parallel_report import load_l9
+
+    view = load_l9("qwen3-32b")
+    fig = F.plot_tp_vs_dp(view, load_model_spec("qwen3-32b"))
+    assert_page_figure(fig, categorical="x")
+    kv, tpot, load = fig.axes
+    configs = [t.get_text() for t in kv.get_xticklabels()]
+    assert configs == ["TP=1", "DP=2", "TP=2"]
+    logged_kv, tpot_ms, engine_rate = [], [], []
+    for config in configs:
+        [p] = [q for q in json.loads((LABS / view["files"][config]).read_text())["measurements"]["points"]
+               if q["config"] == config]
+        logged_kv.append(int(re.search(r"GPU KV cache size: ([\d,]+) tokens", p["logs"][0]).group(1).replace(",", "")))
+        tpot_ms.append(p["light"]["summary"]["median_tpot_ms"])
+        d = p["metrics_delta"]   # every request decodes in every step: requests / mean engine ITL
+        n = sum(len(run["requests"]) for run in p["saturated"]["runs"])
+        engine_rate.append(n / (d["vllm:inter_token_latency_seconds_sum"] / d["vllm:inter_token_latency_seconds_count"]))
+    n = len(configs)
+    assert [b.get_height() for b in kv.patches[:n]] == pytest.approx([t / 1e3 for t in logged_kv])
+    assert [b.get_height() for b in tpot.patches[:n]] == pytest.approx(tpot_ms, abs=0.01)
+    assert [b.get_height() for b in load.patches[:n]] == pytest.approx(engine_rate, abs=0.5)
+    assert [t.get_text() for t in load.get_legend().get_texts()] == ["at the engines", "at the clients"]

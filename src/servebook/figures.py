@@ -29,13 +29,15 @@ _COUNT_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
 def recorded_on(doc: dict) -> str:
-    """Where a recorded GPU result ran, for a figure's caption: ``"one NVIDIA H200, vLLM 0.26.0"``.
+    """Where a recorded GPU result ran, for a figure's caption: ``"one NVIDIA H200, vLLM 0.26.0"``
+    (``"two NVIDIA H200s, ..."`` for two).
 
     ``doc`` is a recorded file (a lab, a step-timing or batch-tactics record) with ``gpu.name``,
     ``gpu.count`` (1 when absent) and ``vllm_version``.
     """
     count = doc["gpu"].get("count", 1)
-    return f"{_COUNT_WORDS.get(count, str(count))} {doc['gpu']['name']}, vLLM {doc['vllm_version']}"
+    gpus = doc["gpu"]["name"] + ("s" if count > 1 else "")
+    return f"{_COUNT_WORDS.get(count, str(count))} {gpus}, vLLM {doc['vllm_version']}"
 
 
 @contextmanager
@@ -177,4 +179,44 @@ def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None):
         ax.set_ylabel("decodes' worst gap, ms (log)")
         ax.legend(loc="upper right")
         fig.tight_layout()
+    return fig
+
+
+# ---- 6.14: tensor parallelism against replicas (Lab 9) ---------------------------------------
+
+def plot_tp_vs_dp(view: dict, spec):
+    """Lab 9, one model: KV tokens per replica, one request's time per token, and output tokens/s
+    with the whole load at once, for each configuration (TP=1, DP=2, TP=2...).
+
+    ``view`` from :func:`servebook.lab.parallel_report.load_l9`, ``spec`` the model's spec. Measured
+    bars beside the prediction (left, middle); on the right the tokens/s the clients received
+    beside the tokens/s the engines emitted. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from servebook.lab.parallel_report import capacity_rows, saturation_rows, single_stream_rows
+
+    cap, single, sat = capacity_rows(view, spec), single_stream_rows(view, spec), saturation_rows(view)
+    names = [r["config"] for r in cap]
+    xs = list(range(len(names)))
+    panels = (
+        ("KV tokens per replica,\nthousands", ("engine log", "predicted"),
+         [r["KV tokens logged"] / 1e3 for r in cap], [r["KV tokens predicted"] / 1e3 for r in cap]),
+        ("ms per output token,\none request alone", ("measured", "predicted"),
+         [r["TPOT ms"] for r in single], [r["TPOT predicted"] for r in single]),
+        (f"output tokens/s,\n{view['measurements']['workload']['num_prompts']} requests at once",
+         ("at the engines", "at the clients"),
+         [r["engine decode tok/s"] or 0 for r in sat], [r["client out tok/s"] for r in sat]),
+    )
+    with page_style():
+        fig, axes = plt.subplots(1, 3, figsize=(PAGE_FIGSIZE[0], 3.8))
+        for ax, (ylabel, labels, left, right) in zip(axes, panels):
+            ax.bar([x - 0.2 for x in xs], left, 0.4, color="C0", label=labels[0])
+            ax.bar([x + 0.2 for x in xs], right, 0.4, color="grey" if "predicted" in labels[1] else "C1",
+                   label=labels[1])
+            ax.set_xticks(xs, names)
+            ax.set_xlabel("configuration")
+            ax.set_ylabel(ylabel)
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+        fig.tight_layout(w_pad=0.6)
     return fig
