@@ -20,7 +20,7 @@ from servebook.lab import recorded as R  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs" / "results" / "labs"
 STEPS = ROOT / "labs" / "results" / "step_timing" / "qwen3-32b.json"
-UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "thousands", "ms per")
+UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "thousands", "ms per", "×")
 
 
 @pytest.fixture
@@ -45,6 +45,9 @@ def assert_page_figure(fig, categorical: str = ""):
             elif axis == "x" and not label:
                 # A twin y axis shares its panel's x axis: the panel's other Axes must label it.
                 assert any(o.get_xlabel() for o in fig.axes if o.get_position().bounds == ax.get_position().bounds)
+            elif axis == "y" and not label:
+                # A panel sharing its neighbour's y axis is labelled by the neighbour.
+                assert any(o.get_ylabel() for o in ax.get_shared_y_axes().get_siblings(ax) if o is not ax), ax
             else:
                 assert any(u in label for u in UNITS), (axis, label)
         texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels()]
@@ -192,3 +195,35 @@ def test_tp_vs_dp_draws_lab9s_logged_and_measured_values(close_figures):
     assert [b.get_height() for b in tpot.patches[:n]] == pytest.approx(tpot_ms, abs=0.01)
     assert [b.get_height() for b in load.patches[:n]] == pytest.approx(engine_rate, abs=0.5)
     assert [t.get_text() for t in load.get_legend().get_texts()] == ["at the engines", "at the clients"]
+
+
+# ---- 6.16: speculation's speed-up --------------------------------------------------------------
+
+def test_speedup_panels_plot_the_step_models_prediction(close_figures):
+    from servebook.hf_config import load_model_spec
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.speculative import expected_tokens_per_step, speculative_step
+
+    gpu = gpu_numbers("H200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    specs = {"dense": load_model_spec("gemma-4-31b"), "MoE": load_model_spec("gemma-4-26b-a4b")}
+    batches = (1, 4, 16, 64)
+    fig = F.plot_speculation_speedup(specs, gpu, coeffs, k=4, alphas=(0.5, 0.9), batches=batches,
+                                     context_tokens=1024)
+    assert_page_figure(fig, categorical="x")   # batch sizes as ticks
+    assert fig.axes[0].get_ylabel() == "decode speed-up, × (k = 4)"
+    for ax, (title, spec) in zip(fig.axes, specs.items()):
+        assert ax.get_title() == title
+        lines = {l.get_label(): l for l in ax.lines if l.get_label().startswith("α")}
+        assert list(lines) == ["α = 50%", "α = 90%"]
+        for alpha, line in zip((0.5, 0.9), lines.values()):
+            assert list(line.get_xdata()) == list(batches)
+            # speed-up = tokens per step (1 + α + ... + α^4, by hand) x plain step / verify step
+            tokens = sum(alpha ** i for i in range(5))
+            want = []
+            for b in batches:
+                s = speculative_step(spec, gpu, coeffs, k=4, alpha=alpha, batch=b, context_tokens=1024)
+                assert s.draft_s == 0 and s.tokens_per_step == pytest.approx(tokens)
+                want.append(tokens * s.plain_step_s / s.verify_s)
+            assert list(line.get_ydata()) == pytest.approx(want)
+    assert expected_tokens_per_step(4, 0.5) == pytest.approx(1.9375)

@@ -220,3 +220,48 @@ def plot_tp_vs_dp(view: dict, spec):
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
         fig.tight_layout(w_pad=0.6)
     return fig
+
+
+# ---- 6.16: speculation's speed-up against batch and acceptance -------------------------------
+
+def speedup_curves(specs: dict[str, object], gpu, coeffs, *, k: int, alphas, batches,
+                   context_tokens: float) -> dict[str, dict[float, list[float]]]:
+    """Predicted decode speed-up (×) of ``k`` free drafts: ``{label: {alpha: [speed-up per batch]}}``.
+
+    From :func:`servebook.perf.speculative.speculative_step` (the calibrated step model; drafts
+    cost nothing, as n-gram lookup). ``context_tokens`` per sequence.
+    """
+    from servebook.perf.speculative import speculative_step
+
+    return {label: {a: [speculative_step(spec, gpu, coeffs, k=k, alpha=a, batch=b,
+                                         context_tokens=context_tokens).speedup for b in batches]
+                    for a in alphas}
+            for label, spec in specs.items()}
+
+
+def plot_speculation_speedup(specs: dict[str, object], gpu, coeffs, *, k: int, alphas=(0.5, 0.7, 0.9),
+                             batches=(1, 2, 4, 8, 16, 32, 64, 128), context_tokens: float = 1024):
+    """One panel per model: predicted decode speed-up against batch (log 2), one line per acceptance α.
+
+    ``specs`` maps a panel title to a ``ModelSpec``; see :func:`speedup_curves`. A dotted line at
+    1x marks no gain. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    curves = speedup_curves(specs, gpu, coeffs, k=k, alphas=alphas, batches=batches, context_tokens=context_tokens)
+    with page_style():
+        fig, axes = plt.subplots(1, len(specs), figsize=PAGE_FIGSIZE, sharey=True, squeeze=False)
+        for ax, (label, by_alpha) in zip(axes[0], curves.items()):
+            for i, (a, ys) in enumerate(sorted(by_alpha.items())):
+                ax.plot(batches, ys, "o-", color=f"C{i}", label=f"α = {a:.0%}")
+            ax.axhline(1.0, ls=":", color="grey")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(list(batches), [str(b) for b in batches])
+            ax.minorticks_off()
+            ax.set_title(label)
+            ax.set_xlabel("batch (sequences, log scale)")
+        axes[0][0].set_ylabel(f"decode speed-up, × (k = {k})")
+        axes[0][0].set_ylim(bottom=0)
+        axes[0][0].legend(loc="lower left")   # below the lines: nothing falls under 1x there
+        fig.tight_layout()
+    return fig
