@@ -227,3 +227,26 @@ def test_speedup_panels_plot_the_step_models_prediction(close_figures):
                 want.append(tokens * s.plain_step_s / s.verify_s)
             assert list(line.get_ydata()) == pytest.approx(want)
     assert expected_tokens_per_step(4, 0.5) == pytest.approx(1.9375)
+
+
+# ---- 6.15: MoE against dense decode steps ------------------------------------------------------
+
+def test_moe_dense_steps_plot_the_recorded_steps_and_the_touched_experts(close_figures):
+    from servebook.hf_config import load_model_spec
+
+    def steps(name):
+        doc = json.loads((STEPS.parent / f"{name}.json").read_text())
+        return {e["batch"]: e["step_s"] for e in doc["cases"][0]["result"]["decode"] if e["prompt_tokens"] == 2048}
+
+    moe, dense, spec = steps("qwen3-30b-a3b"), steps("qwen3-32b"), load_model_spec("qwen3-30b-a3b")
+    fig = F.plot_moe_dense_steps(moe, dense, spec, ("A3B", "32B"))
+    assert_page_figure(fig, categorical="x")   # batch sizes as ticks
+    lines = {l.get_label(): l for ax in fig.axes for l in ax.lines}
+    for label, rows in (("A3B step", moe), ("32B step", dense)):
+        assert list(lines[label].get_xdata()) == sorted(rows), label
+        assert list(lines[label].get_ydata()) == pytest.approx([s * 1e3 for _, s in sorted(rows.items())]), label
+    # Touched experts by hand: E * (1 - (1 - k/E)^b) with E = 128 routed experts, top-8.
+    e, k = spec.moe.num_experts, spec.moe.experts_per_token
+    assert (e, k) == (128, 8)
+    touched = lines["experts touched (A3B)"]
+    assert list(touched.get_ydata()) == pytest.approx([e * (1 - (1 - k / e) ** b) for b in sorted(moe)])

@@ -265,3 +265,41 @@ def plot_speculation_speedup(specs: dict[str, object], gpu, coeffs, *, k: int, a
         axes[0][0].legend(loc="lower left")   # below the lines: nothing falls under 1x there
         fig.tight_layout()
     return fig
+
+
+# ---- 6.15: MoE against dense decode steps ----------------------------------------------------
+
+def plot_moe_dense_steps(moe_steps: dict[int, float], dense_steps: dict[int, float], moe_spec,
+                         labels: tuple[str, str] = ("MoE", "dense")):
+    """Measured decode step time (ms) of an MoE and a dense model against batch, with the experts
+    the MoE's batch touches per layer on a second axis.
+
+    ``*_steps`` map batch to measured step seconds; the touched experts are
+    :func:`servebook.perf.expected_distinct_experts` of ``moe_spec`` (uniform routing) at the MoE's
+    batches. Batch on a log-2 axis. Returns the figure.
+    """
+    from servebook.perf import expected_distinct_experts
+
+    with page_style():
+        fig, ax = page_axes()
+        ax2 = ax.twinx()
+        mb = sorted(moe_steps)
+        touched = [float(expected_distinct_experts(moe_spec, b)) for b in mb]
+        experts, = ax2.plot(mb, touched, ":", color="grey", label=f"experts touched ({labels[0]})")
+        ax2.set_ylim(0, moe_spec.moe.num_experts * 1.05)
+        ax2.set_ylabel(f"experts touched per layer (count,\nof {moe_spec.moe.num_experts})")
+        db = sorted(dense_steps)
+        dense, = ax.plot(db, [dense_steps[b] * 1e3 for b in db], "s-", color="C3", label=f"{labels[1]} step")
+        moe, = ax.plot(mb, [moe_steps[b] * 1e3 for b in mb], "o-", color="C0", label=f"{labels[0]} step")
+        ax.set_zorder(ax2.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        ax.set_ylim(0, max(*moe_steps.values(), *dense_steps.values()) * 1e3 * 1.45)   # room for the legend
+        batches = sorted(set(mb) | set(db))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_xlabel("decode batch (sequences, log scale)")
+        ax.set_ylabel("decode step, ms")
+        ax.legend(handles=[dense, moe, experts], loc="upper left")
+        fig.tight_layout()
+    return fig
