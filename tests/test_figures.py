@@ -20,7 +20,7 @@ from servebook.lab import recorded as R  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs" / "results" / "labs"
 STEPS = ROOT / "labs" / "results" / "step_timing" / "qwen3-32b.json"
-UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "thousands", "ms per", "×")
+UNITS = ("tokens/s", "count", "GiB", "TFLOP/s", "FLOP per byte", ", ms", "thousands", "ms per", "×", ", hours")
 
 
 @pytest.fixture
@@ -250,3 +250,33 @@ def test_moe_dense_steps_plot_the_recorded_steps_and_the_touched_experts(close_f
     assert (e, k) == (128, 8)
     touched = lines["experts touched (A3B)"]
     assert list(touched.get_ydata()) == pytest.approx([e * (1 - (1 - k / e) ** b) for b in sorted(moe)])
+
+
+# ---- 6.22: layouts of one job on eight GPUs --------------------------------------------------
+
+def test_layout_hours_bars_are_the_fleet_plans_hours(close_figures):
+    from servebook.hf_config import load_model_spec
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+
+    gpu = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    moe = load_model_spec("gemma-4-26b-a4b")
+    job = Workload(1_000_000, LengthDistribution.fixed(12_000), LengthDistribution.fixed(3_000))
+    options = {(tp, kv): plan(job, Deployment(f"tp{tp}-{kv}", moe, gpu, gpus=8, tp=tp, kv_cache_dtype=kv,
+                                              max_num_batched_tokens=16384, cudagraph_max_tokens=16384), coeffs)
+               for tp in (1, 2, 8) for kv in ("auto", "fp8")}
+    fig = F.plot_layout_hours(options)
+    assert_page_figure(fig, categorical="x")   # layouts as ticks
+    [ax] = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16 KV cache", "fp8 KV cache"]
+    bars = ax.patches
+    # Bars in legend order (bf16 for TP 1, 2, 8, then fp8), each the plan's hours, its batch above it.
+    keys = [(tp, kv) for kv in ("auto", "fp8") for tp in (1, 2, 8)]
+    assert [b.get_height() for b in bars] == pytest.approx([options[k].hours for k in keys])
+    assert [t.get_text() for t in ax.texts] == [f"{options[k].batch:,}" for k in keys]
+    # Replicas = 8 GPUs / TP; the fastest layout alone is outlined.
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["TP 1\n(8 replicas)", "TP 2\n(4 replicas)",
+                                                            "TP 8\n(1 replica)"]
+    best = min(keys, key=lambda k: options[k].hours)
+    assert [b.get_linewidth() == 2 for b in bars] == [k == best for k in keys]

@@ -303,3 +303,40 @@ def plot_moe_dense_steps(moe_steps: dict[int, float], dense_steps: dict[int, flo
         ax.legend(handles=[dense, moe, experts], loc="upper left")
         fig.tight_layout()
     return fig
+
+
+# ---- 6.22: the layouts of one job on the same GPUs -------------------------------------------
+
+def plot_layout_hours(options: dict[tuple[int, str], object]):
+    """Job hours of each layout of the same GPUs: bars grouped by TP size, one per KV dtype.
+
+    ``options`` maps ``(tp, kv_cache_dtype)`` to its :class:`servebook.perf.fleet.FleetPlan`
+    (``kv_cache_dtype`` ``"auto"`` is drawn as bf16). Each bar is labelled with its batch per
+    replica; the fastest layout is outlined. Returns the figure.
+    """
+    tps = sorted({tp for tp, _ in options})
+    dtypes = list(dict.fromkeys(kv for _, kv in options))
+    best = min(options, key=lambda key: options[key].hours)
+    width = 0.8 / len(dtypes)
+    with page_style():
+        fig, ax = page_axes()
+        for i, kv in enumerate(dtypes):
+            xs = [j + (i - (len(dtypes) - 1) / 2) * width for j, tp in enumerate(tps) if (tp, kv) in options]
+            plans = [options[tp, kv] for tp in tps if (tp, kv) in options]
+            bars = ax.bar(xs, [p.hours for p in plans], width, color=f"C{i}",
+                          label=f"{'bf16' if kv == 'auto' else kv} KV cache")
+            for bar, tp, p in zip(bars, [tp for tp in tps if (tp, kv) in options], plans):
+                ax.annotate(f"{p.batch:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            xytext=(0, 2), textcoords="offset points", ha="center", va="bottom")
+                if (tp, kv) == best:
+                    bar.set_edgecolor("black")
+                    bar.set_linewidth(2)
+        replicas = {tp: p.replicas for (tp, _), p in options.items()}
+        ax.set_xticks(range(len(tps)), [f"TP {tp}\n({replicas[tp]} replica{'s' if replicas[tp] > 1 else ''})"
+                                        for tp in tps])
+        ax.set_xlabel("layout of the GPUs (batch per replica over each bar)")
+        ax.set_ylabel("job wall-clock, hours")
+        ax.set_ylim(0, max(p.hours for p in options.values()) * 1.15)
+        ax.legend(loc="upper center")
+        fig.tight_layout()
+    return fig
