@@ -20,6 +20,7 @@ concept:
     lab           harness that starts real engines for the GPU labs
     drills/       interview drills: model, exhibits, grading, rendering, calls
     records       where recorded lab results are (the one module that knows labs/results)
+    figures       the chapter pages' figures, drawn at page width from data the page loaded
     shipped       paths of the data shipped in the package
     commands/     the ``servebook`` CLI, one file per sub-command
 
