@@ -32,7 +32,8 @@ clear_stale_cache() {
     rm -rf _build/.jupyter_cache _build/.doctrees _build/html _build/jupyter_execute
   elif [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$now" ]; then
     local changed
-    changed=$(diff <(echo "$now") "$stamp" | awk '/^</ {print $2}' | paste -sd, -)
+    # (diff exits 1 when the stamps differ: under pipefail and set -e that would end the script here)
+    changed=$( { diff <(echo "$now") "$stamp" || true; } | awk '/^</ {print $2}' | paste -sd, -)
     say "build cache is stale (changed since the last build: ${changed:-unknown}); clearing _build/.jupyter_cache, _build/.doctrees and _build/html"
     say "(to clear everything yourself: rm -rf _build, or CLEAN=1 bash scripts/build-book.sh)"
     rm -rf _build/.jupyter_cache _build/.doctrees _build/html _build/jupyter_execute
