@@ -151,7 +151,7 @@ def test_chunk_tradeoff_draws_lab5s_medians(close_figures):
     m = json.loads((LABS / "l5_chunked_prefill_gpu.json").read_text())["measurements"]
     doc = R.load_recorded(R.recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
     target = m["prediction"]["recommendation"]["target_step_s"] * 1e3
-    fig = F.plot_chunk_tradeoff(R.l5_table(doc["measurements"]), target)
+    fig = F.plot_chunk_tradeoff(R.l5_table(doc["measurements"]), target, m["measured_knee"])
     assert_page_figure(fig)
     [ax] = fig.axes
     lines = {l.get_label(): l for l in ax.lines}
@@ -163,6 +163,10 @@ def test_chunk_tradeoff_draws_lab5s_medians(close_figures):
     predicted = lines["predicted (step model)"].get_xydata().ravel().tolist()
     assert predicted == pytest.approx([v for c in want for v in (c["ttft_s"] * 1e3, c["worst_itl_s"] * 1e3)])
     assert list(lines[f"gap target ({target:.0f} ms)"].get_ydata()) == [target, target]
+    # The ring sits on the measured point of the knee's budget (chunking on).
+    [knee] = [c for c in m["configs"] if c["chunked"] and c["max_num_batched_tokens"] == m["measured_knee"]]
+    ring = lines[f"measured knee ({m['measured_knee']:,})"].get_xydata().ravel().tolist()
+    assert ring == pytest.approx([knee["ttft_s"] * 1e3, knee["worst_itl_s"] * 1e3])
     assert sorted(t.get_text() for t in ax.texts) == sorted(
         f"{c['max_num_batched_tokens']:,}" + ("" if c["chunked"] else " (chunking off)") for c in m["configs"])
 

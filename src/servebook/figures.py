@@ -154,12 +154,13 @@ def plot_roofline_steps(spec, gpu, prefill: list[dict], decode: list[dict]):
 
 # ---- 6.11: Lab 5's TTFT against the decodes' worst gap ---------------------------------------
 
-def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None):
+def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None, knee_budget: int | None = None):
     """Lab 5: long prompt's TTFT against the decodes' worst inter-token gap, one point per budget.
 
     ``rows`` from :func:`servebook.lab.recorded.l5_table`; measured points labelled with their
     ``--max-num-batched-tokens``, the calibrated model's prediction dashed, and ``target_ms`` (the
-    procedure's gap target) as a horizontal line when given. Gap on a log scale. Returns the figure.
+    procedure's gap target) as a horizontal line when given, and the chunked row of ``knee_budget``
+    (the measured knee) ringed when given. Gap on a log scale. Returns the figure.
     """
     with page_style():
         fig, ax = page_axes()
@@ -171,6 +172,10 @@ def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None):
             ax.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else " (chunking off)"),
                         (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points",
                         xytext=(6, -4))
+        if knee_budget is not None:
+            [k] = [r for r in rows if r["chunking"] == "on" and r["budget"] == knee_budget]
+            ax.plot([k["TTFT ms measured"]], [k["worst ITL ms measured"]], "o", ms=14, mfc="none", mec="C3",
+                    mew=1.5, label=f"measured knee ({knee_budget:,})")
         if target_ms is not None:
             ax.axhline(target_ms, ls=":", color="C2", label=f"gap target ({target_ms:.0f} ms)")
         ax.set_yscale("log")
