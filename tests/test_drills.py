@@ -52,7 +52,7 @@ def test_every_exhibit_line_is_in_its_recorded_file():
     for d in DRILLS:
         if d.exhibit is None:
             continue
-        raw = d.exhibit.path().read_text(errors="replace")
+        raw = "\n".join(f.read_text(errors="replace") for f in d.exhibit.recorded_files())
         for line in d.exhibit.lines():
             shown = line.removesuffix(" ...")
             assert shown in raw or shown in raw.replace("\\n", "\n"), (d.id, line[:80])
@@ -286,11 +286,19 @@ def test_cli_show_and_check(capsys):
     assert "use one of" in capsys.readouterr().err
 
 
-LAB3 = ROOT / "labs" / "results" / "labs" / "l3_preemption_gpu.json"
+def _lab3() -> dict:
+    """Lab 3's recorded H200 sweep as the book renders it (two part files, merged)."""
+    from servebook.lab.recorded import load_l3
+
+    return load_l3()
+
+
+#: How drill errors name Lab 3's recording: its part files, merged.
+LAB3_NAME = "labs/results/labs/l3_preemption_{16_48,128_256}_gpu.json"
 
 
 def test_lab_preemption_drill_shows_and_answers_from_the_recorded_h200_run():
-    data = json.loads(LAB3.read_text())
+    data = _lab3()
     assert data["vllm_version"] == "0.26.0" and data["gpu"]["name"] == "NVIDIA H200"
     points = {pt["max_num_seqs"]: pt for pt in data["measurements"]["points"]}
     d = get_drill("max-num-seqs-lab-preemption")
@@ -323,8 +331,8 @@ def test_lab_preemption_drill_shows_and_answers_from_the_recorded_h200_run():
 def test_a_missing_lab_field_names_the_file_the_dotted_field_and_the_fields_there():
     from servebook.drills import Exhibit
 
-    m = json.loads(LAB3.read_text())["measurements"]
-    name = "labs/results/labs/l3_preemption_gpu.json"
+    m = _lab3()["measurements"]
+    name = LAB3_NAME
     with pytest.raises(ServebookError) as err:
         calls.lab_value("l3_preemption_gpu", "workload.input_tokens")
     msg = str(err.value)

@@ -115,3 +115,16 @@ def test_draft_comparison_names_the_prefill_terms_by_hand():
     # the terms are the whole prefill share of the step, so their hours add up to our prefill hours
     assert sum(ours["prefill_step_terms_s"].values()) * steps / 3600 == pytest.approx(ours["prefill_hours"])
     assert "rather than the assumed" not in moe["why"]
+
+
+def test_fleet_holds_running_sliding_windows_by_hand():
+    # Gemma 3 27B: 10 full layers keep every token, 52 sliding layers (window 1024) keep what vLLM's
+    # remove_skipped_blocks leaves a decoding request on CUDA: 1024 / 16 + 1 = 65 blocks of 16 tokens.
+    from servebook.hf_config import load_model_spec
+
+    gemma = load_model_spec("gemma-3-27b")
+    per_layer_token = 2 * 16 * 128 * 2           # K+V x 16 KV heads x head_dim 128 x bf16
+    assert kv_bytes_per_sequence(gemma, 6256, running=True) == \
+        (10 * 6256 + 52 * 65 * 16) * per_layer_token
+    # the admission booking with 2 x 8192 tokens in flight counts the whole context in every layer
+    assert kv_bytes_per_sequence(gemma, 6256, sliding_extra_tokens=16384) == 62 * 6256 * per_layer_token

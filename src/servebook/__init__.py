@@ -8,7 +8,8 @@ concept:
     hf_config     config.json -> ModelSpec, with parameter counts
     hardware      the GPU catalogue (data/gpus.toml)
     vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
-    kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them
+    kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them (the logged
+                  admission bound) and the requests that run at once (running_concurrency)
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
     memory        the memory budget: weights, activations, graphs, KV
     memory_fit    fitting the memory coefficients on recorded start-ups (leave-one-out error)
@@ -42,6 +43,7 @@ from servebook.kv_cache import (  # noqa: E402
     default_async_scheduling,
     default_block_size,
     kv_cache_layout,
+    running_concurrency,
 )
 from servebook.memory import (  # noqa: E402
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -95,6 +97,7 @@ __all__ = [
     "prefill_step",
     "read_startup_log",
     "reference_model_ids",
+    "running_concurrency",
     "simulate",
     "synthetic_workload",
     "vllm_batch_defaults",

@@ -36,7 +36,8 @@ from servebook.errors import ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
 from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
-from servebook.vllm_rules.cache import sliding_window_hold_tokens
+from servebook.vllm_rules.cache import CUDA_DEFAULT_BLOCK_SIZE, sliding_window_hold_tokens, sliding_window_running_blocks
+from servebook.vllm_rules.scheduler import decode_unsettled_tokens
 from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu  # noqa: F401 (check_tp re-exported)
 
 #: Bytes per activation element moved by a TP all-reduce (bf16 activations).
@@ -323,14 +324,26 @@ def _allreduce_bytes(spec: ModelSpec, t, tp: int):
     return t * spec.hidden_size * ACTIVATION_BYTES
 
 
+def running_sliding_hold_tokens(sliding_window: int) -> int:
+    """Token slots a sliding layer holds for one decoding sequence on CUDA (whole 16-token blocks).
+
+    The run-time hold of :func:`servebook.vllm_rules.cache.sliding_window_running_blocks` with
+    async scheduling (the CUDA default), times the block size: about the window plus one block.
+    """
+    unsettled = decode_unsettled_tokens(async_scheduling=True)
+    return sliding_window_running_blocks(sliding_window, CUDA_DEFAULT_BLOCK_SIZE, unsettled) * CUDA_DEFAULT_BLOCK_SIZE
+
+
 def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
-                          kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0):
+                          kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0,
+                          running: bool = False):
     """KV bytes one GPU holds for one sequence of ``context_tokens`` tokens.
 
-    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens (vLLM
-    keeps a chunk's worth beyond the window; pass max-num-batched-tokens). Layers
-    that reuse another layer's cache hold nothing. Block rounding is ignored
-    (:mod:`servebook.kv_cache` models vLLM's pages exactly).
+    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens, vLLM's
+    admission booking (pass the in-flight tokens); with ``running=True`` they hold what a
+    decoding sequence keeps, :func:`running_sliding_hold_tokens` (blocks that left the
+    window are freed). Layers that reuse another layer's cache hold nothing. Block
+    rounding of full layers is ignored (:mod:`servebook.kv_cache` models vLLM's pages exactly).
     """
     ctx = np.asarray(context_tokens, dtype=float)
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
@@ -338,7 +351,11 @@ def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
     for layer in spec.layers:
         if not layer.owns_cache:
             continue
-        held = ctx if layer.sliding_window is None else np.minimum(
-            ctx, sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens))
+        if layer.sliding_window is None:
+            held = ctx
+        elif running:
+            held = np.minimum(ctx, running_sliding_hold_tokens(layer.sliding_window))
+        else:
+            held = np.minimum(ctx, sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens))
         total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
     return total
