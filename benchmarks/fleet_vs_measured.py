@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         s, st = groups[g], steady[g]
         print(f"{g:8s}: {s['jobs']} jobs, mean absolute error {_pct(s['mae'], '')}, worst {_pct(s['worst'])}, "
               f"mean {_pct(s['mean'])}; against the steady state: MAE {_pct(st['mae'], '')}, worst {_pct(st['worst'])}")
+    if args.steps:
+        for g in ("fitted", "held out"):
+            s = summary([r for r in rows if r["group"] == g], "sim_error")
+            print(f"{g:8s}: the simulator's replay (same step model, ramp and drain included): MAE "
+                  f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
+    print("steady = share of the wall time at >= 90% of the job's peak batch; in a job of one batch of requests "
+          "that is its decode-only part, so st.err compares fleet's mixed steady state with pure decoding there")
     notes = sorted({f"{r['model']}: GPU {r['gpu_source']}" for r in rows if not r["gpu_source"].startswith("recorded")})
     for n in notes:
         print(f"note: {n}")
