@@ -1,0 +1,205 @@
+"""The book's "Run live" calculators: one JSON-able dict in, one dict out.
+
+The built book runs this module in the reader's browser (Pyodide, loaded from the book's own files
+on a click; ``book/_ext/live/servebook-live.js`` draws the controls and shows what comes back). It
+calls the library's public functions only -- :func:`servebook.make_plan` and
+:func:`servebook.kv_cache.kv_cache_layout` / :func:`~servebook.kv_cache.min_kv_bytes_for_one_request`
+-- so the page shows the same numbers as the notebooks and the CLI; no arithmetic lives here or in
+the page. It imports no numpy (Pyodide ships none).
+
+Calculators (``request["calculator"]``):
+
+``plan``
+    One deployment (``servebook plan``): the memory budget of one GPU, the KV cache it leaves, the
+    concurrency ceiling and the recommended ``--max-num-seqs``. Inputs: ``model`` (a shipped
+    reference id) or ``config_json`` (the text of a Hugging Face ``config.json``), ``gpu``, ``tp``,
+    ``max_model_len`` (tokens), ``gpu_memory_utilization`` (a fraction), ``kv_cache_dtype``.
+``kv``
+    KV cache per token and of one sequence on one GPU. Inputs: ``model`` or ``config_json``,
+    ``context_tokens``, ``kv_cache_dtype``, ``tp``.
+
+Every reply holds ``ok``. ``ok: True`` adds ``numbers`` (a list of ``{"key", "label", "value",
+"text"}``: ``value`` is the library's number, ``text`` how the page prints it), ``svg`` (a chart
+drawn here, no matplotlib) and, for ``plan``, ``command`` (the ``vllm serve`` line). ``ok: False``
+adds ``error``: the library's own message, which says what to change. Input values may arrive as
+strings (HTML controls); a value that is not a number gets a message naming the field.
+"""
+from __future__ import annotations
+
+import html
+import json
+import tempfile
+from pathlib import Path
+
+from servebook import make_plan
+from servebook.errors import ServebookError
+from servebook.hardware import get_gpu, gpu_names
+from servebook.hf_config import load_model_spec, reference_model_ids
+from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
+from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from servebook.plan import DEFAULT_GPU, KV_CACHE_DTYPES
+
+GIB = 2**30
+KIB = 2**10
+#: How a message names the config.json the reader pasted (instead of its temporary path).
+PASTED = "the pasted config.json"
+
+#: What the page starts from (the memory-budget notebook's defaults).
+DEFAULTS = {
+    "model": "gemma-4-26b-a4b",
+    "gpu": DEFAULT_GPU,
+    "tp": 1,
+    "max_model_len": 16384,
+    "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+    "kv_cache_dtype": "auto",
+    "context_tokens": 32768,
+}
+
+#: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
+BAR_COLOURS = {"weights": "#4c72b0", "peak activation": "#dd8452", "non-torch": "#937860",
+               "CUDA graphs": "#8172b3", "KV cache": "#55a868", "not requested": "#dddddd"}
+
+
+def options() -> dict:
+    """What the page's controls offer: models, GPUs, KV dtypes, calculators and the defaults."""
+    return {
+        "calculators": sorted(_CALCULATORS),
+        "models": reference_model_ids(),
+        "gpus": gpu_names(),
+        "kv_cache_dtypes": list(KV_CACHE_DTYPES),
+        "defaults": {**DEFAULTS, "gpu": get_gpu(DEFAULTS["gpu"]).name},
+    }
+
+
+def compute(request: dict) -> dict:
+    """Run one calculator; a :class:`ServebookError` becomes ``{"ok": False, "error": message}``.
+
+    A pasted ``config_json`` is written to a temporary ``config.json`` (the calculators read a
+    path or a reference id); its path reads "the pasted config.json" in a message.
+    """
+    name = request.get("calculator", "plan")
+    if name not in _CALCULATORS:
+        return {"ok": False, "error": f"unknown calculator {name!r}; use one of {', '.join(sorted(_CALCULATORS))}"}
+    with tempfile.TemporaryDirectory(prefix="servebook-live-") as folder:
+        config = _config(request, Path(folder))
+        try:
+            return {"ok": True, "calculator": name, **_CALCULATORS[name](config, request)}
+        except ServebookError as exc:
+            return {"ok": False, "error": str(exc).replace(config, PASTED) if config.startswith(folder) else str(exc)}
+
+
+def compute_json(request_json: str) -> str:
+    """:func:`compute` with JSON text in and out (what the page calls through Pyodide)."""
+    try:
+        request = json.loads(request_json)
+    except ValueError as exc:
+        return json.dumps({"ok": False, "error": f"the request is not valid JSON ({exc})"})
+    return json.dumps(compute(request))
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+
+def _int(request: dict, key: str) -> int:
+    value = request.get(key, DEFAULTS[key])
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ServebookError(f"{key} {value!r} is not a number; enter a whole number") from None
+    if number != int(number):
+        raise ServebookError(f"{key} {value!r} is not a whole number; enter a whole number")
+    return int(number)
+
+
+def _float(request: dict, key: str) -> float:
+    value = request.get(key, DEFAULTS[key])
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ServebookError(f"{key} {value!r} is not a number; enter a fraction such as 0.9") from None
+
+
+def _config(request: dict, folder: Path) -> str:
+    """A reference id, or the path of the pasted config.json written to ``folder``."""
+    text = request.get("config_json")
+    if text is None or not str(text).strip():
+        return str(request.get("model", DEFAULTS["model"]))
+    path = folder / "config.json"
+    path.write_text(str(text))
+    return str(path)
+
+
+# -- calculators ----------------------------------------------------------------------------------
+
+def _plan(config: str, request: dict) -> dict:
+    plan = make_plan(
+        config,
+        gpu=str(request.get("gpu", DEFAULTS["gpu"])),
+        tp=_int(request, "tp"),
+        max_model_len=_int(request, "max_model_len"),
+        gpu_memory_utilization=_float(request, "gpu_memory_utilization"),
+        kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"])),
+    )
+    d = plan.to_dict()
+    numbers = [
+        _number("weights_gib", "weights per GPU", d["weights_gib"], f"{d['weights_gib']:.2f} GiB"),
+        _number("activation_gib", "peak activation", d["activation_gib"], f"{d['activation_gib']:.2f} GiB"),
+        _number("non_torch_gib", "non-torch memory", d["non_torch_gib"], f"{d['non_torch_gib']:.2f} GiB"),
+        _number("cudagraph_gib", "CUDA graphs", d["cudagraph_gib"], f"{d['cudagraph_gib']:.2f} GiB"),
+        _number("available_kv_gib", "KV cache", d["available_kv_gib"], f"{d['available_kv_gib']:.2f} GiB"),
+        _number("kv_bytes_per_token", "KV per token (this GPU)", d["kv_bytes_per_token"],
+                f"{d['kv_bytes_per_token'] / KIB:,.1f} KiB"),
+        _number("kv_cache_tokens", "KV cache tokens", d["kv_cache_tokens"], f"{d['kv_cache_tokens']:,}"),
+        _number("max_concurrency", f"requests of {d['max_model_len']:,} tokens at once", d["max_concurrency"],
+                f"{d['max_concurrency']:.2f}x"),
+        _number("recommended_max_num_seqs", "recommended --max-num-seqs", d["recommended_max_num_seqs"],
+                f"{d['recommended_max_num_seqs']:,}"),
+    ]
+    return {"model": d["model"], "gpu": d["gpu"], "numbers": numbers, "svg": memory_bar_svg(plan),
+            "command": d["vllm_serve_command"]}
+
+
+def _kv(config: str, request: dict) -> dict:
+    spec = load_model_spec(config)
+    tokens = _int(request, "context_tokens")
+    if tokens < 1:
+        raise ServebookError(f"context_tokens {tokens} is out of range; use a positive number of tokens")
+    layout = kv_cache_layout(spec, kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"])),
+                             tp=_int(request, "tp"))
+    per_sequence = min_kv_bytes_for_one_request(layout, tokens, in_flight_tokens=0)
+    numbers = [
+        _number("kv_bytes_per_token", "KV per token (this GPU)", layout.kv_bytes_per_token,
+                f"{layout.kv_bytes_per_token / KIB:,.1f} KiB"),
+        _number("kv_bytes_per_sequence", f"one sequence of {tokens:,} tokens", per_sequence,
+                f"{per_sequence / GIB:,.2f} GiB"),
+    ]
+    return {"model": spec.name, "numbers": numbers, "svg": ""}
+
+
+def _number(key: str, label: str, value, text: str) -> dict:
+    return {"key": key, "label": label, "value": value, "text": text}
+
+
+_CALCULATORS = {"plan": _plan, "kv": _kv}
+
+
+# -- chart ----------------------------------------------------------------------------------------
+
+def memory_bar_svg(plan, width_px: int = 640) -> str:
+    """One GPU's memory as a horizontal bar (SVG text): weights, activation, ..., KV cache, rest."""
+    b = plan.budget
+    parts = {"weights": b.weights_gib, "peak activation": b.activation_gib, "non-torch": b.non_torch_gib,
+             "CUDA graphs": b.cudagraph_gib, "KV cache": b.available_kv_gib,
+             "not requested": b.total_memory_gib - b.requested_gib}
+    scale = width_px / b.total_memory_gib
+    bar, legend, left = [], [], 0.0
+    for i, (name, gib) in enumerate(parts.items()):
+        colour = BAR_COLOURS[name]
+        bar.append(f'<rect x="{left * scale:.1f}" y="0" width="{max(gib, 0) * scale:.1f}" height="28" '
+                   f'fill="{colour}"><title>{name} {gib:.2f} GiB</title></rect>')
+        legend.append(f'<rect x="{(i % 3) * 215}" y="{40 + (i // 3) * 18}" width="10" height="10" fill="{colour}"/>'
+                      f'<text x="{(i % 3) * 215 + 14}" y="{49 + (i // 3) * 18}">{name} {gib:.1f} GiB</text>')
+        left += max(gib, 0)
+    title = html.escape(f"{plan.spec.name} on {plan.gpu_name}, TP={plan.tp}: {b.total_memory_gib:.1f} GiB per GPU")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="servebook-live-bar" width="{width_px}" height="80" '
+            f'viewBox="0 0 {width_px} 80" font-size="12" font-family="sans-serif" role="img" '
+            f'aria-label="{title}"><title>{title}</title>{"".join(bar)}{"".join(legend)}</svg>')

@@ -1,0 +1,134 @@
+"""servebook.live, the facade the book's "Run live" calculators call in the browser (Pyodide).
+
+Its numbers must be the public functions' numbers for the same inputs, its errors the library's
+own messages, and it must import and run without numpy (Pyodide ships none).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from servebook import DoesNotFitError, live, make_plan
+from servebook.errors import ConfigError
+from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
+from servebook.hf_config import load_model_spec
+from servebook.shipped import MODELS_DIR
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _numbers(reply: dict) -> dict:
+    assert reply["ok"], reply.get("error")
+    return {n["key"]: n["value"] for n in reply["numbers"]}
+
+
+@pytest.mark.parametrize("inputs", [
+    {"model": "gemma-4-26b-a4b", "gpu": "H200", "tp": 1, "max_model_len": 16384,
+     "gpu_memory_utilization": 0.92, "kv_cache_dtype": "auto"},
+    {"model": "llama-3.1-70b", "gpu": "H100", "tp": 4, "max_model_len": 32768,
+     "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8"},
+    {"model": "qwen3-30b-a3b", "gpu": "A100-SXM-80GB", "tp": 2, "max_model_len": 4096,
+     "gpu_memory_utilization": 0.9, "kv_cache_dtype": "auto"},
+])
+def test_plan_numbers_are_make_plans(inputs):
+    plan = make_plan(inputs["model"], gpu=inputs["gpu"], tp=inputs["tp"], max_model_len=inputs["max_model_len"],
+                     gpu_memory_utilization=inputs["gpu_memory_utilization"],
+                     kv_cache_dtype=inputs["kv_cache_dtype"])
+    # as an HTML form sends them: every value a string
+    got = _numbers(live.compute({"calculator": "plan", **{k: str(v) for k, v in inputs.items()}}))
+    assert got["kv_cache_tokens"] == plan.capacity.kv_cache_tokens
+    assert got["max_concurrency"] == plan.capacity.max_concurrency
+    assert got["recommended_max_num_seqs"] == plan.recommended_max_num_seqs
+    assert got["available_kv_gib"] == plan.budget.available_kv_gib
+    assert got["weights_gib"] == plan.budget.weights_gib
+    assert got["kv_bytes_per_token"] == plan.capacity.layout.kv_bytes_per_token
+
+
+def test_a_model_that_does_not_fit_shows_the_librarys_message():
+    with pytest.raises(DoesNotFitError) as exc:
+        make_plan("llama-3.1-70b", gpu="H100", tp=1, max_model_len=8192)
+    reply = live.compute({"calculator": "plan", "model": "llama-3.1-70b", "gpu": "H100", "tp": "1",
+                          "max_model_len": "8192"})
+    assert reply == {"ok": False, "error": str(exc.value)}
+    assert "use --tp 2" in reply["error"]
+
+
+def test_a_pasted_config_is_read_like_a_file(tmp_path):
+    text = (MODELS_DIR / "llama-3.1-8b.json").read_text()
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    plan = make_plan(str(path), gpu="H200", max_model_len=8192)
+    got = _numbers(live.compute({"calculator": "plan", "config_json": text, "gpu": "H200", "max_model_len": 8192}))
+    assert got["kv_cache_tokens"] == plan.capacity.kv_cache_tokens
+
+
+@pytest.mark.parametrize("text", ["{bad json", '{"architectures": ["LlamaForCausalLM"]}', "[1, 2]"])
+def test_a_malformed_pasted_config_gets_the_librarys_message(tmp_path, text):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        make_plan(str(path))
+    reply = live.compute({"calculator": "plan", "config_json": text})
+    assert reply == {"ok": False, "error": str(exc.value).replace(str(path), live.PASTED)}
+    assert "the pasted config.json" in reply["error"]
+
+
+def test_form_values_that_are_not_numbers_name_the_field():
+    for key, value in (("tp", "two"), ("max_model_len", "8k"), ("max_model_len", "1.5"),
+                       ("gpu_memory_utilization", "")):
+        reply = live.compute({"calculator": "plan", key: value})
+        assert not reply["ok"] and reply["error"].startswith(f"{key} {value!r} is not"), reply
+    assert live.compute({"calculator": "plan", "gpu_memory_utilization": "1.5"})["error"] \
+        .startswith("gpu_memory_utilization")  # the library's own range check
+
+
+def test_kv_numbers_are_the_layouts():
+    spec = load_model_spec("llama-3.1-8b")
+    layout = kv_cache_layout(spec, kv_cache_dtype="fp8")
+    got = _numbers(live.compute({"calculator": "kv", "model": "llama-3.1-8b", "context_tokens": "1000",
+                                 "kv_cache_dtype": "fp8"}))
+    assert got == {"kv_bytes_per_token": layout.kv_bytes_per_token,
+                   "kv_bytes_per_sequence": min_kv_bytes_for_one_request(layout, 1000, in_flight_tokens=0)}
+
+
+def test_the_memory_bar_is_svg_whose_parts_fill_the_gpu():
+    reply = live.compute({"calculator": "plan"})
+    svg = ET.fromstring(reply["svg"])
+    width = float(svg.get("width"))
+    bar = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("height") == "28"]
+    assert len(bar) == 6
+    assert sum(float(r.get("width")) for r in bar) == pytest.approx(width, abs=0.5)
+
+
+def test_json_in_and_out():
+    out = json.loads(live.compute_json(json.dumps({"calculator": "kv", "model": "llama-3.1-8b"})))
+    assert out["ok"] and out["model"]
+    assert "not valid JSON" in json.loads(live.compute_json("{"))["error"]
+    assert live.compute({"calculator": "fleet?"})["error"].startswith("unknown calculator 'fleet?'")
+
+
+def test_options_offer_the_shipped_models_and_the_catalogues_gpus():
+    opts = live.options()
+    assert "llama-3.1-8b" in opts["models"] and "H200-SXM-141GB" in opts["gpus"]
+    assert opts["defaults"]["model"] in opts["models"] and opts["defaults"]["gpu"] in opts["gpus"]
+
+
+def test_the_facade_runs_without_numpy():
+    """What Pyodide sees: numpy cannot be imported. The plan and KV calculators still run."""
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "import json, servebook.live as live\n"
+        "print(json.dumps([live.compute({'calculator': c})['ok'] for c in live.options()['calculators']]))\n"
+        "print('numpy' in sys.modules and sys.modules['numpy'] is not None)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    oks, numpy_loaded = out.stdout.splitlines()
+    assert json.loads(oks) == [True, True] and numpy_loaded == "False"
