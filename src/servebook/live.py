@@ -31,7 +31,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from servebook import make_plan
+from servebook import __version__, make_plan
 from servebook.errors import ServebookError
 from servebook.hardware import get_gpu, gpu_names
 from servebook.hf_config import load_model_spec, reference_model_ids
@@ -61,13 +61,14 @@ BAR_COLOURS = {"weights": "#4c72b0", "peak activation": "#dd8452", "non-torch": 
 
 
 def options() -> dict:
-    """What the page's controls offer: models, GPUs, KV dtypes, calculators and the defaults."""
+    """What the page's controls offer: models, GPUs, KV dtypes, calculators, the defaults; servebook's version."""
     return {
         "calculators": sorted(_CALCULATORS),
         "models": reference_model_ids(),
         "gpus": gpu_names(),
         "kv_cache_dtypes": list(KV_CACHE_DTYPES),
         "defaults": {**DEFAULTS, "gpu": get_gpu(DEFAULTS["gpu"]).name},
+        "version": __version__,
     }
 
 
