@@ -69,8 +69,28 @@ class LiveCalculator(Directive):
         calculator = self.arguments[0]
         if calculator not in CALCULATORS:
             raise self.error(f"live-calculator {calculator!r}: use one of {', '.join(CALCULATORS)}")
-        node = live_calculator(calculator=calculator, defaults=dict(self.options))
-        return [node]
+        try:
+            defaults = _checked(dict(self.options))
+        except ValueError as exc:  # servebook's errors are ValueErrors that say what to change
+            raise self.error(f"live-calculator {calculator}: {exc}") from None
+        return [live_calculator(calculator=calculator, defaults=defaults)]
+
+
+def _checked(defaults: dict) -> dict:
+    """The page's starting values, checked against what the controls offer; GPU names made canonical
+    (the GPU control lists the catalogue's names, e.g. H200-SXM-141GB for H200)."""
+    from servebook.hardware import get_gpu
+    from servebook.hf_config import reference_model_ids
+    from servebook.plan import KV_CACHE_DTYPES
+
+    if "model" in defaults and defaults["model"] not in reference_model_ids():
+        raise ValueError(f"model {defaults['model']!r} is not a shipped reference model; use one of "
+                         f"{', '.join(reference_model_ids())}")
+    if "gpu" in defaults:
+        defaults["gpu"] = get_gpu(defaults["gpu"]).name
+    if defaults.get("kv_cache_dtype", "auto") not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {defaults['kv_cache_dtype']!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
+    return defaults
 
 
 def _add_assets(app, pagename, templatename, context, doctree) -> None:
