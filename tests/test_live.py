@@ -64,8 +64,11 @@ def test_a_pasted_config_is_read_like_a_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(text)
     plan = make_plan(str(path), gpu="H200", max_model_len=8192)
-    got = _numbers(live.compute({"calculator": "plan", "config_json": text, "gpu": "H200", "max_model_len": 8192}))
-    assert got["kv_cache_tokens"] == plan.capacity.kv_cache_tokens
+    reply = live.compute({"calculator": "plan", "config_json": text, "gpu": "H200", "max_model_len": 8192})
+    assert _numbers(reply)["kv_cache_tokens"] == plan.capacity.kv_cache_tokens
+    # the command names a placeholder folder, as make_plan does for a JSON file outside a model folder
+    assert reply["command"] == plan.serve_command().replace(str(tmp_path), "MODEL_DIR")
+    assert reply["command"].startswith("vllm serve MODEL_DIR ")
 
 
 @pytest.mark.parametrize("text", ["{bad json", '{"architectures": ["LlamaForCausalLM"]}', "[1, 2]"])
@@ -77,6 +80,11 @@ def test_a_malformed_pasted_config_gets_the_librarys_message(tmp_path, text):
     reply = live.compute({"calculator": "plan", "config_json": text})
     assert reply == {"ok": False, "error": str(exc.value).replace(str(path), live.PASTED)}
     assert "the pasted config.json" in reply["error"]
+
+
+def test_an_empty_paste_box_says_what_to_paste():
+    reply = live.compute({"calculator": "plan", "config_json": "  ", "model": "llama-3.1-8b"})
+    assert not reply["ok"] and reply["error"].startswith("the config.json box is empty; paste")
 
 
 def test_form_values_that_are_not_numbers_name_the_field():

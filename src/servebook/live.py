@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -82,11 +83,16 @@ def compute(request: dict) -> dict:
     if name not in _CALCULATORS:
         return {"ok": False, "error": f"unknown calculator {name!r}; use one of {', '.join(sorted(_CALCULATORS))}"}
     with tempfile.TemporaryDirectory(prefix="servebook-live-") as folder:
-        config = _config(request, Path(folder))
+        config = pasted = None
         try:
-            return {"ok": True, "calculator": name, **_CALCULATORS[name](config, request)}
+            config = _config(request, Path(folder))
+            pasted = config.startswith(folder)
+            reply = {"ok": True, "calculator": name, **_CALCULATORS[name](config, request)}
         except ServebookError as exc:
-            return {"ok": False, "error": str(exc).replace(config, PASTED) if config.startswith(folder) else str(exc)}
+            return {"ok": False, "error": str(exc).replace(config, PASTED) if pasted else str(exc)}
+    if pasted and "command" in reply:  # vLLM loads the model's folder: a placeholder, not our temporary one
+        reply["command"] = reply["command"].replace(shlex.quote(folder), "MODEL_DIR")
+    return reply
 
 
 def compute_json(request_json: str) -> str:
@@ -121,9 +127,12 @@ def _float(request: dict, key: str) -> float:
 
 def _config(request: dict, folder: Path) -> str:
     """A reference id, or the path of the pasted config.json written to ``folder``."""
-    text = request.get("config_json")
-    if text is None or not str(text).strip():
+    if "config_json" not in request:
         return str(request.get("model", DEFAULTS["model"]))
+    text = request["config_json"]
+    if text is None or not str(text).strip():
+        raise ServebookError("the config.json box is empty; paste the text of the model's config.json "
+                             "(from its Hugging Face page), or pick a model from the list")
     path = folder / "config.json"
     path.write_text(str(text))
     return str(path)
