@@ -17,6 +17,8 @@ import pytest
 
 from servebook import DoesNotFitError, make_plan
 from servebook.errors import ConfigError
+from servebook.hf_config import load_model_spec
+from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
 from servebook.live import PASTED
 from servebook.shipped import MODELS_DIR
 
@@ -25,6 +27,7 @@ from .test_pages import LOCAL_HOST, watched_page
 pytestmark = pytest.mark.browser
 
 PAGE = "notebooks/memory_budget.html"
+KV_PAGE = "notebooks/kv_per_token.html"
 #: The control's starting values on that page (its live-calculator directive).
 START = {"model": "gemma-4-26b-a4b", "gpu": "H200", "tp": 1, "max_model_len": 16384}
 READY_TIMEOUT_S = 120   # cold start is ~7 s on 2 cores; a loaded CI machine gets room
@@ -153,3 +156,19 @@ def test_run_live_shows_cpythons_numbers_offline(site_url, browser, artifacts_di
     loaded = [u for u in report.requests if "/_vendor/pyodide/" in u or re.search(r"/servebook-[^/]+\.whl$", u)]
     assert any(u.endswith("pyodide.asm.wasm") for u in loaded) and any(u.endswith(".whl") for u in loaded), loaded
 
+
+
+def test_the_kv_calculator_shows_the_layouts_bytes(site_url, browser):
+    with watched_page(browser, site_url + KV_PAGE) as (session, report):
+        browser.evaluate(session, "document.querySelector('.servebook-live button.servebook-live-run').click()")
+        assert _wait_ready(browser, session) == "ready"
+        _set(browser, session, "model", "llama-3.1-70b")
+        _set(browser, session, "context_tokens", 1000)
+        _set(browser, session, "kv_cache_dtype", "fp8")
+        layout = kv_cache_layout(load_model_spec("llama-3.1-70b"), kv_cache_dtype="fp8")
+        shown = _shown(browser, session)
+        assert shown["kv_bytes_per_token"]["value"] == layout.kv_bytes_per_token
+        assert shown["kv_bytes_per_sequence"]["value"] == min_kv_bytes_for_one_request(layout, 1000, in_flight_tokens=0)
+        _set(browser, session, "context_tokens", "")   # a cleared box (a number box takes no letters)
+        assert _error(browser, session) == "context_tokens '' is not a number; enter a whole number"
+    assert not (report.blocked or report.exceptions or report.console_errors or report.failed), report
