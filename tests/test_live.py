@@ -129,14 +129,46 @@ def test_options_offer_the_shipped_models_and_the_catalogues_gpus():
 
 def test_the_facade_runs_without_numpy():
     """What Pyodide sees: numpy cannot be imported. The plan and KV calculators still run."""
-    code = (
-        "import sys; sys.modules['numpy'] = None\n"
+    out = _without_numpy(
         "import json, servebook.live as live\n"
-        "print(json.dumps([live.compute({'calculator': c})['ok'] for c in live.options()['calculators']]))\n"
+        "opts = live.options()\n"
+        "print(json.dumps({c: live.compute({'calculator': c, 'context_tokens': 8000})['ok'] for c in opts['calculators']}))\n"
+        "print(json.dumps(opts['unavailable']))\n"
         "print('numpy' in sys.modules and sys.modules['numpy'] is not None)\n"
     )
+    oks, unavailable, numpy_loaded = out.splitlines()
+    oks, unavailable = json.loads(oks), json.loads(unavailable)
+    assert {"plan", "kv"} <= set(oks) and all(oks.values()), oks
+    # an optional calculator is either offered (and runs) or named with the reason, never both or neither
+    assert set(oks) | set(unavailable) == set(live.options()["calculators"]) and not set(oks) & set(unavailable)
+    assert numpy_loaded == "False"
+
+
+def _without_numpy(code: str) -> str:
+    """stdout of ``code`` in a fresh CPython where ``import numpy`` fails, as under Pyodide."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.modules['numpy'] = None\n" + code],
+                         capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    oks, numpy_loaded = out.stdout.splitlines()
-    assert json.loads(oks) == [True, True] and numpy_loaded == "False"
+    return out.stdout
+
+
+def test_the_chunk_calculator_is_recommend_max_num_batched_tokens():
+    from servebook.perf.chunk_budget import mixed_step_s, recommend_max_num_batched_tokens
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    spec, gpu = load_model_spec("qwen3-32b"), gpu_numbers("H100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    r = recommend_max_num_batched_tokens(spec, gpu, coeffs, target_step_s=0.080, max_num_seqs=16,
+                                         decode_context_tokens=4000, tp=2)
+    got = _numbers(live.compute({"calculator": "chunk", "model": "qwen3-32b", "gpu": "H100", "tp": "2",
+                                 "max_num_seqs": "16", "context_tokens": "4000", "target_step_ms": "80"}))
+    assert got["recommended"] == r["recommended"] and got["chunk_tokens"] == r["chunk_tokens"]
+    assert got["recommended_step_ms"] == pytest.approx(r["recommended_step_s"] * 1e3, rel=1e-12)
+    assert got["decode_only_ms"] == pytest.approx(mixed_step_s(spec, gpu, coeffs, prefill_tokens=0, decode_batch=16,
+                                                               decode_context_tokens=4000, tp=2) * 1e3, rel=1e-12)
+    # a decode batch that alone overruns the target: the library's message
+    reply = live.compute({"calculator": "chunk", "model": "qwen3-32b", "gpu": "H100", "max_num_seqs": "512",
+                          "context_tokens": "32000", "target_step_ms": "10"})
+    assert not reply["ok"] and "raise the target, lower --max-num-seqs or add GPUs" in reply["error"]

@@ -8,8 +8,8 @@
 puts a button on the page; a click loads Pyodide and the servebook wheel from the book's own
 ``_vendor/`` folder and binds plain HTML controls to :mod:`servebook.live` (the script is
 ``book/_ext/live/servebook-live.js``; scripts/_common.sh copies it, Pyodide and the wheel there).
-The calculator is ``plan`` (memory budget, KV capacity, recommended flags) or ``kv`` (KV per token
-and per sequence); the options set the controls' starting values (else servebook.live.DEFAULTS).
+The calculator is ``plan`` (memory budget, KV capacity, recommended flags), ``kv`` (KV per token
+and per sequence) or ``chunk`` (the prefill chunk within a target step time); the options set the controls' starting values (else servebook.live.DEFAULTS).
 Only pages with the directive load the script (a few KB); Pyodide loads on the click.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 
-CALCULATORS = ("plan", "kv")
+CALCULATORS = ("plan", "kv", "chunk")
 SCRIPT = "../_vendor/live/servebook-live.js"   # Sphinx resolves it against _static/
 STYLE = "../_vendor/live/servebook-live.css"
 INTRO = ("Runs servebook itself in this page: Python in WebAssembly (Pyodide), about 14 MB loaded "
@@ -62,6 +62,8 @@ class LiveCalculator(Directive):
         "max_model_len": directives.positive_int,
         "context_tokens": directives.positive_int,
         "gpu_memory_utilization": float,
+        "max_num_seqs": directives.positive_int,
+        "target_step_ms": float,
         "kv_cache_dtype": directives.unchanged_required,
     }
 

@@ -17,6 +17,11 @@ Calculators (``request["calculator"]``):
 ``kv``
     KV cache per token and of one sequence on one GPU. Inputs: ``model`` or ``config_json``,
     ``context_tokens``, ``kv_cache_dtype``, ``tp``.
+``chunk`` (where the step-time model imports: it must run without numpy to be offered in the browser)
+    The prefill chunk that fits in a target step time beside ``max_num_seqs`` decoding sequences
+    (:func:`servebook.perf.chunk_budget.recommend_max_num_batched_tokens`, the calibrated step model).
+    Inputs: ``model`` or ``config_json``, ``gpu``, ``tp``, ``max_num_seqs``, ``context_tokens`` (the
+    decoding sequences' context), ``target_step_ms``, ``kv_cache_dtype``.
 
 Every reply holds ``ok``. ``ok: True`` adds ``numbers`` (a list of ``{"key", "label", "value",
 "text"}``: ``value`` is the library's number, ``text`` how the page prints it), ``svg`` (a chart
@@ -44,6 +49,9 @@ GIB = 2**30
 KIB = 2**10
 #: How a message names the config.json the reader pasted (instead of its temporary path).
 PASTED = "the pasted config.json"
+#: Why an optional calculator is missing (its modules did not import: numpy, under Pyodide).
+UNAVAILABLE = ("this build of servebook's step-time model needs numpy, which the browser's Python "
+               "(Pyodide) does not have; run the notebook in JupyterLab instead")
 
 #: What the page starts from (the memory-budget notebook's defaults).
 DEFAULTS = {
@@ -54,6 +62,8 @@ DEFAULTS = {
     "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
     "kv_cache_dtype": "auto",
     "context_tokens": 32768,
+    "max_num_seqs": 32,
+    "target_step_ms": 50,
 }
 
 #: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
@@ -65,6 +75,7 @@ def options() -> dict:
     """What the page's controls offer: models, GPUs, KV dtypes, calculators, the defaults; servebook's version."""
     return {
         "calculators": sorted(_CALCULATORS),
+        "unavailable": {name: UNAVAILABLE for name in sorted(set(_OPTIONAL) - set(_CALCULATORS))},
         "models": reference_model_ids(),
         "gpus": gpu_names(),
         "kv_cache_dtypes": list(KV_CACHE_DTYPES),
@@ -80,6 +91,8 @@ def compute(request: dict) -> dict:
     path or a reference id); its path reads "the pasted config.json" in a message.
     """
     name = request.get("calculator", "plan")
+    if name in _OPTIONAL and name not in _CALCULATORS:
+        return {"ok": False, "error": f"the {name!r} calculator is not available here: {UNAVAILABLE}"}
     if name not in _CALCULATORS:
         return {"ok": False, "error": f"unknown calculator {name!r}; use one of {', '.join(sorted(_CALCULATORS))}"}
     with tempfile.TemporaryDirectory(prefix="servebook-live-") as folder:
@@ -189,7 +202,53 @@ def _number(key: str, label: str, value, text: str) -> dict:
     return {"key": key, "label": label, "value": value, "text": text}
 
 
+def _chunk(config: str, request: dict) -> dict:
+    from servebook.perf.chunk_budget import mixed_step_s, recommend_max_num_batched_tokens
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.vllm_rules import check_tp
+
+    spec = load_model_spec(config)
+    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
+    tp, seqs, context = _int(request, "tp"), _int(request, "max_num_seqs"), _int(request, "context_tokens")
+    target_ms, dtype = _float(request, "target_step_ms"), str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))
+    check_tp(spec, tp)
+    if seqs < 1 or context < 0 or not target_ms > 0:
+        raise ServebookError("max_num_seqs must be >= 1, context_tokens >= 0 and target_step_ms > 0")
+    coeffs, source = calibrated_coefficients(gpu.name)
+    r = recommend_max_num_batched_tokens(spec, gpu, coeffs, target_step_s=target_ms / 1e3, max_num_seqs=seqs,
+                                         decode_context_tokens=context, tp=tp, kv_cache_dtype=dtype)
+    decode_only_s = mixed_step_s(spec, gpu, coeffs, prefill_tokens=0, decode_batch=seqs,
+                                 decode_context_tokens=context, tp=tp, kv_cache_dtype=dtype)
+    numbers = [
+        _number("decode_only_ms", f"step with {seqs:,} decodes only", decode_only_s * 1e3, f"{decode_only_s * 1e3:.1f} ms"),
+        _number("chunk_tokens", "prefill tokens that fit beside them", r["chunk_tokens"], f"{r['chunk_tokens']:,}"),
+        _number("budget_tokens", "token budget (chunk + decodes)", r["budget_tokens"], f"{r['budget_tokens']:,}"),
+        _number("recommended", "recommended --max-num-batched-tokens", r["recommended"], f"{r['recommended']:,}"),
+        _number("recommended_step_ms", "its full step", r["recommended_step_s"] * 1e3,
+                f"{r['recommended_step_s'] * 1e3:.1f} ms"),
+    ]
+    return {"model": spec.name, "gpu": gpu.name, "numbers": numbers, "svg": "", "note": f"step model {source}"}
+
+
 _CALCULATORS = {"plan": _plan, "kv": _kv}
+#: Calculators offered only where their modules import (the step-time model imports numpy until it is
+#: made numpy-free; Pyodide has no numpy): name -> (function, the modules it needs).
+_OPTIONAL = {"chunk": (_chunk, ("servebook.perf.chunk_budget", "servebook.perf.model", "servebook.perf.gpu"))}
+
+
+def _importable(modules) -> bool:
+    import importlib
+
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+_CALCULATORS.update({name: fn for name, (fn, modules) in _OPTIONAL.items() if _importable(modules)})
 
 
 # -- chart ----------------------------------------------------------------------------------------

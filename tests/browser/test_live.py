@@ -172,3 +172,46 @@ def test_the_kv_calculator_shows_the_layouts_bytes(site_url, browser):
         _set(browser, session, "context_tokens", "")   # a cleared box (a number box takes no letters)
         assert _error(browser, session) == "context_tokens '' is not a number; enter a whole number"
     assert not (report.blocked or report.exceptions or report.console_errors or report.failed), report
+
+
+CHUNK_PAGE = "notebooks/chunk_budget.html"
+
+
+def _chunk_offered_without_numpy() -> tuple[bool, str]:
+    """Whether servebook.live offers the chunk calculator where numpy cannot be imported (as in
+    Pyodide), and the reason it gives when not: what the page must then do."""
+    import subprocess
+    import sys
+
+    code = ("import sys, json; sys.modules['numpy'] = None\n"
+            "import servebook.live as live; o = live.options()\n"
+            "print(json.dumps(['chunk' in o['calculators'], o['unavailable'].get('chunk', '')]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    offered, reason = json.loads(out.stdout)
+    return offered, reason
+
+
+def test_the_chunk_calculator_runs_live_or_says_why_not(site_url, browser):
+    """Offered in the browser exactly when the step-time model imports without numpy; then its numbers
+    are CPython's, else the page says why (never a silent failure)."""
+    offered, reason = _chunk_offered_without_numpy()
+    with watched_page(browser, site_url + CHUNK_PAGE) as (session, report):
+        browser.evaluate(session, "document.querySelector('.servebook-live button.servebook-live-run').click()")
+        state = _wait_ready(browser, session)
+        status = browser.evaluate(session, "document.querySelector('.servebook-live-status').textContent")
+        if not offered:
+            assert state == "unavailable" and status == f"Not available in the browser: {reason}", (state, status)
+        else:
+            assert state == "ready", status
+            from servebook.perf.chunk_budget import recommend_max_num_batched_tokens
+            from servebook.perf.gpu import gpu_numbers
+            from servebook.perf.model import calibrated_coefficients
+
+            _set(browser, session, "target_step_ms", 80)
+            spec, gpu = load_model_spec("gemma-4-31b"), gpu_numbers("H100")
+            r = recommend_max_num_batched_tokens(spec, gpu, calibrated_coefficients(gpu.name)[0], target_step_s=0.080,
+                                                 max_num_seqs=32, decode_context_tokens=8000, tp=4)
+            shown = _shown(browser, session)
+            assert shown["recommended"]["value"] == r["recommended"]
+            assert shown["chunk_tokens"]["value"] == r["chunk_tokens"]
+    assert not (report.blocked or report.exceptions or report.console_errors or report.failed), report

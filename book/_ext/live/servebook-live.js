@@ -40,12 +40,16 @@
   const FIELDS = {
     plan: ["model", "gpu", "tp", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype"],
     kv: ["model", "context_tokens", "kv_cache_dtype", "tp"],
+    chunk: ["model", "gpu", "tp", "max_num_seqs", "context_tokens", "target_step_ms", "kv_cache_dtype"],
   };
   const LABELS = {
     model: "model", gpu: "GPU", tp: "tensor parallel (--tensor-parallel-size)",
     max_model_len: "context (--max-model-len, tokens)", context_tokens: "context (tokens)",
     gpu_memory_utilization: "utilisation (--gpu-memory-utilization)", kv_cache_dtype: "KV dtype (--kv-cache-dtype)",
+    max_num_seqs: "decoding sequences (--max-num-seqs)", target_step_ms: "target step time (ms)",
   };
+  // Step of each number box's arrows (any value may be typed).
+  const STEPS = { max_model_len: "1024", context_tokens: "1024", max_num_seqs: "1", target_step_ms: "5" };
   const PASTE = "__paste__";
 
   function el(tag, attrs, children) {
@@ -74,7 +78,7 @@
       case "gpu_memory_utilization":
         return el("input", { name, type: "number", step: "0.01", min: "0.05", max: "1", value: String(value) });
       default:
-        return el("input", { name, type: "number", step: "1024", min: "1", value: String(value) });
+        return el("input", { name, type: "number", step: STEPS[name] || "1", min: "0", value: String(value) });
     }
   }
 
@@ -101,6 +105,7 @@
       out.append(chart);
     }
     if (reply.command) out.append(el("pre", { class: "servebook-live-command" }, [reply.command]));
+    if (reply.note) out.append(el("p", { class: "servebook-live-note" }, [reply.note]));
   }
 
   function request(container, calculator) {
@@ -128,6 +133,12 @@
     } catch (err) {
       container.dataset.state = "failed";
       status.textContent = `Could not start Python in this browser: ${err && err.message ? err.message : err}`;
+      return;
+    }
+    if (!rt.options.calculators.includes(calculator)) {
+      // An optional calculator whose modules did not import here (servebook.live.options()["unavailable"]).
+      container.dataset.state = "unavailable";
+      status.textContent = `Not available in the browser: ${rt.options.unavailable[calculator] || calculator}`;
       return;
     }
     const defaults = { ...rt.options.defaults, ...JSON.parse(container.dataset.defaults || "{}") };
