@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -172,3 +173,34 @@ def test_the_chunk_calculator_is_recommend_max_num_batched_tokens():
     reply = live.compute({"calculator": "chunk", "model": "qwen3-32b", "gpu": "H100", "max_num_seqs": "512",
                           "context_tokens": "32000", "target_step_ms": "10"})
     assert not reply["ok"] and "raise the target, lower --max-num-seqs or add GPUs" in reply["error"]
+
+
+def test_the_speculation_calculator_is_speculative_step():
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.perf.speculative import break_even_acceptance, speculative_step
+
+    spec, gpu = load_model_spec("gemma-4-31b"), gpu_numbers("H200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    step = speculative_step(spec, gpu, coeffs, k=3, alpha=0.6, batch=64, context_tokens=2048)
+    even = break_even_acceptance(spec, gpu, coeffs, k=3, batch=64, context_tokens=2048)
+    got = _numbers(live.compute({"calculator": "speculation", "model": "gemma-4-31b", "gpu": "H200", "k": "3",
+                                 "acceptance": "0.6", "batch": "64", "context_tokens": "2048"}))
+    assert got["tokens_per_step"] == pytest.approx(1 + 0.6 + 0.36 + 0.216, rel=1e-12)   # E(3, 0.6) by hand
+    assert got["speedup"] == pytest.approx(step.speedup, rel=1e-12)
+    assert got["verify_step_ms"] == pytest.approx(step.verify_s * 1e3, rel=1e-12)
+    assert got["break_even_acceptance"] == pytest.approx(even, rel=1e-12)
+    bad = live.compute({"calculator": "speculation", "acceptance": "1.5"})
+    assert not bad["ok"] and "acceptance between 0 and 1" in bad["error"]
+
+
+def test_the_page_script_has_controls_for_every_calculator_and_only_known_fields():
+    """servebook-live.js's FIELDS (the controls it draws) name each calculator and only inputs the facade reads."""
+    script = (SRC.parent / "book" / "_ext" / "live" / "servebook-live.js").read_text()
+    block = re.search(r"const FIELDS = \{(.*?)\n  \};", script, re.S).group(1)
+    fields = {name: re.findall(r'"(\w+)"', body) for name, body in re.findall(r"(\w+): \[([^\]]*)\]", block)}
+    opts = live.options()
+    assert set(fields) == set(opts["calculators"]) | set(opts["unavailable"])
+    known = set(live.DEFAULTS)
+    for name, names in fields.items():
+        assert names and set(names) <= known, (name, set(names) - known)

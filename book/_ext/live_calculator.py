@@ -9,7 +9,8 @@ puts a button on the page; a click loads Pyodide and the servebook wheel from th
 ``_vendor/`` folder and binds plain HTML controls to :mod:`servebook.live` (the script is
 ``book/_ext/live/servebook-live.js``; scripts/_common.sh copies it, Pyodide and the wheel there).
 The calculator is ``plan`` (memory budget, KV capacity, recommended flags), ``kv`` (KV per token
-and per sequence) or ``chunk`` (the prefill chunk within a target step time); the options set the controls' starting values (else servebook.live.DEFAULTS).
+and per sequence) ``chunk`` (the prefill chunk within a target step time) or ``speculation`` (one speculative step,
+n-gram drafter); the options set the controls' starting values (else servebook.live.DEFAULTS).
 Only pages with the directive load the script (a few KB); Pyodide loads on the click.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 
-CALCULATORS = ("plan", "kv", "chunk")
+CALCULATORS = ("plan", "kv", "chunk", "speculation")
 SCRIPT = "../_vendor/live/servebook-live.js"   # Sphinx resolves it against _static/
 STYLE = "../_vendor/live/servebook-live.css"
 INTRO = ("Runs servebook itself in this page: Python in WebAssembly (Pyodide), about 14 MB loaded "
@@ -64,6 +65,9 @@ class LiveCalculator(Directive):
         "gpu_memory_utilization": float,
         "max_num_seqs": directives.positive_int,
         "target_step_ms": float,
+        "k": directives.positive_int,
+        "acceptance": float,
+        "batch": directives.positive_int,
         "kv_cache_dtype": directives.unchanged_required,
     }
 

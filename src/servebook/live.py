@@ -22,6 +22,12 @@ Calculators (``request["calculator"]``):
     (:func:`servebook.perf.chunk_budget.recommend_max_num_batched_tokens`, the calibrated step model).
     Inputs: ``model`` or ``config_json``, ``gpu``, ``tp``, ``max_num_seqs``, ``context_tokens`` (the
     decoding sequences' context), ``target_step_ms``, ``kv_cache_dtype``.
+``speculation`` (same condition)
+    One speculative decode step with an n-gram drafter (drafts cost no GPU time):
+    :func:`servebook.perf.speculative.speculative_step` and
+    :func:`~servebook.perf.speculative.break_even_acceptance`. Inputs: ``model`` or ``config_json``,
+    ``gpu``, ``tp``, ``k`` (draft tokens), ``acceptance`` (per-token, a fraction), ``batch``,
+    ``context_tokens``, ``kv_cache_dtype``.
 
 Every reply holds ``ok``. ``ok: True`` adds ``numbers`` (a list of ``{"key", "label", "value",
 "text"}``: ``value`` is the library's number, ``text`` how the page prints it), ``svg`` (a chart
@@ -64,6 +70,9 @@ DEFAULTS = {
     "context_tokens": 32768,
     "max_num_seqs": 32,
     "target_step_ms": 50,
+    "k": 4,
+    "acceptance": 0.7,
+    "batch": 16,
 }
 
 #: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
@@ -231,10 +240,44 @@ def _chunk(config: str, request: dict) -> dict:
     return {"model": spec.name, "gpu": gpu.name, "numbers": numbers, "svg": "", "note": f"step model {source}"}
 
 
+def _speculation(config: str, request: dict) -> dict:
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.perf.speculative import break_even_acceptance, speculative_step
+    from servebook.vllm_rules import check_tp
+
+    spec = load_model_spec(config)
+    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
+    tp, k, batch, context = (_int(request, key) for key in ("tp", "k", "batch", "context_tokens"))
+    alpha, dtype = _float(request, "acceptance"), str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))
+    check_tp(spec, tp)
+    if not (0 <= alpha <= 1) or k < 1 or batch < 1 or context < 0:
+        raise ServebookError("use k >= 1 draft tokens, an acceptance between 0 and 1, batch >= 1 and context_tokens >= 0")
+    coeffs, source = calibrated_coefficients(gpu.name)
+    step = speculative_step(spec, gpu, coeffs, k=k, alpha=alpha, batch=batch, context_tokens=context, tp=tp,
+                            kv_cache_dtype=dtype)
+    even = break_even_acceptance(spec, gpu, coeffs, k=k, batch=batch, context_tokens=context, tp=tp,
+                                 kv_cache_dtype=dtype)
+    numbers = [
+        _number("plain_step_ms", "plain decode step", step.plain_step_s * 1e3, f"{step.plain_step_s * 1e3:.2f} ms"),
+        _number("verify_step_ms", f"verify step ({k + 1} positions per sequence)", step.verify_s * 1e3,
+                f"{step.verify_s * 1e3:.2f} ms"),
+        _number("tokens_per_step", "tokens per sequence per step", step.tokens_per_step, f"{step.tokens_per_step:.2f}"),
+        _number("speedup", "decode speed-up", step.speedup, f"{step.speedup:.2f}x"),
+        _number("break_even_acceptance", "break-even acceptance", even,
+                "none (never pays)" if even is None else f"{even:.1%}"),
+    ]
+    return {"model": spec.name, "gpu": gpu.name, "numbers": numbers, "svg": "",
+            "note": f"n-gram drafter (no GPU cost); step model {source}"}
+
+
 _CALCULATORS = {"plan": _plan, "kv": _kv}
 #: Calculators offered only where their modules import (the step-time model imports numpy until it is
 #: made numpy-free; Pyodide has no numpy): name -> (function, the modules it needs).
-_OPTIONAL = {"chunk": (_chunk, ("servebook.perf.chunk_budget", "servebook.perf.model", "servebook.perf.gpu"))}
+_OPTIONAL = {
+    "chunk": (_chunk, ("servebook.perf.chunk_budget", "servebook.perf.model", "servebook.perf.gpu")),
+    "speculation": (_speculation, ("servebook.perf.speculative", "servebook.perf.model", "servebook.perf.gpu")),
+}
 
 
 def _importable(modules) -> bool:
