@@ -215,3 +215,23 @@ def test_the_chunk_calculator_runs_live_or_says_why_not(site_url, browser):
             assert shown["recommended"]["value"] == r["recommended"]
             assert shown["chunk_tokens"]["value"] == r["chunk_tokens"]
     assert not (report.blocked or report.exceptions or report.console_errors or report.failed), report
+
+
+def test_the_site_ships_the_wheel_and_pyodide_it_loads(site_dir):
+    """The build put a pure-Python servebook wheel with every data file, and Pyodide's runtime, in _vendor/."""
+    import zipfile
+
+    live_dir = site_dir / "_vendor" / "live"
+    wheel = live_dir / json.loads((live_dir / "manifest.json").read_text())["wheel"]
+    assert wheel.name.endswith("-py3-none-any.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = MODELS_DIR.parent
+    shipped = {"servebook/" + p.relative_to(data.parent).as_posix() for p in data.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert "servebook/live.py" in names and not shipped - names, sorted(shipped - names)[:5]
+    pyodide = site_dir / "_vendor" / "pyodide"
+    version = json.loads((pyodide / "package.json").read_text())["version"]
+    pinned = json.loads((site_dir.parents[1] / "package.json").read_text())["dependencies"]["pyodide"]
+    assert version == pinned
+    assert all((pyodide / f).stat().st_size > 0 for f in ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm",
+                                                          "python_stdlib.zip", "pyodide-lock.json"))
