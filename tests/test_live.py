@@ -204,3 +204,24 @@ def test_the_page_script_has_controls_for_every_calculator_and_only_known_fields
     known = set(live.DEFAULTS)
     for name, names in fields.items():
         assert names and set(names) <= known, (name, set(names) - known)
+
+
+def test_the_fleet_calculator_is_the_fleet_plan():
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    spec, gpu = load_model_spec("gemma-4-26b-a4b"), gpu_numbers("H100")
+    job = Workload(200_000, LengthDistribution.fixed(3000), LengthDistribution.fixed(700))
+    p = plan(job, Deployment("x", spec, gpu, gpus=16, tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8"),
+             calibrated_coefficients(gpu.name)[0])
+    got = _numbers(live.compute({"calculator": "fleet", "model": "gemma-4-26b-a4b", "gpu": "H100", "gpus": "16",
+                                 "tp": "2", "requests": "200000", "input_tokens": "3000", "output_tokens": "700",
+                                 "max_num_batched_tokens": "16384", "kv_cache_dtype": "fp8"}))
+    assert got["replicas"] == 16 // 2 == p.replicas and got["batch"] == p.batch
+    assert got["hours"] == pytest.approx(p.hours, rel=1e-12)
+    assert got["gpu_hours"] == pytest.approx(p.hours * 16, rel=1e-12)     # every GPU busy the whole job
+    assert got["requests_per_s"] == pytest.approx(200_000 / (p.hours * 3600), rel=1e-9)
+    for key, value in (("gpus", "0"), ("requests", "-5"), ("input_tokens", "0")):
+        reply = live.compute({"calculator": "fleet", key: value})
+        assert reply == {"ok": False, "error": f"{key} {int(value)} is out of range; use a whole number >= 1"}

@@ -9,8 +9,10 @@ puts a button on the page; a click loads Pyodide and the servebook wheel from th
 ``_vendor/`` folder and binds plain HTML controls to :mod:`servebook.live` (the script is
 ``book/_ext/live/servebook-live.js``; scripts/_common.sh copies it, Pyodide and the wheel there).
 The calculator is ``plan`` (memory budget, KV capacity, recommended flags), ``kv`` (KV per token
-and per sequence) ``chunk`` (the prefill chunk within a target step time) or ``speculation`` (one speculative step,
-n-gram drafter); the options set the controls' starting values (else servebook.live.DEFAULTS).
+and per sequence), ``chunk`` (the prefill chunk within a target step time), ``speculation`` (one
+speculative step, n-gram drafter) or ``fleet`` (a batch job's fleet plan); the last three need the
+step-time model to import without numpy to run in the browser. The options set the controls'
+starting values (else servebook.live.DEFAULTS).
 Only pages with the directive load the script (a few KB); Pyodide loads on the click.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 
-CALCULATORS = ("plan", "kv", "chunk", "speculation")
+CALCULATORS = ("plan", "kv", "chunk", "speculation", "fleet")
 SCRIPT = "../_vendor/live/servebook-live.js"   # Sphinx resolves it against _static/
 STYLE = "../_vendor/live/servebook-live.css"
 INTRO = ("Runs servebook itself in this page: Python in WebAssembly (Pyodide), about 14 MB loaded "
@@ -68,6 +70,11 @@ class LiveCalculator(Directive):
         "k": directives.positive_int,
         "acceptance": float,
         "batch": directives.positive_int,
+        "gpus": directives.positive_int,
+        "requests": directives.positive_int,
+        "input_tokens": directives.positive_int,
+        "output_tokens": directives.positive_int,
+        "max_num_batched_tokens": directives.positive_int,
         "kv_cache_dtype": directives.unchanged_required,
     }
 

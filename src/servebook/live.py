@@ -22,6 +22,11 @@ Calculators (``request["calculator"]``):
     (:func:`servebook.perf.chunk_budget.recommend_max_num_batched_tokens`, the calibrated step model).
     Inputs: ``model`` or ``config_json``, ``gpu``, ``tp``, ``max_num_seqs``, ``context_tokens`` (the
     decoding sequences' context), ``target_step_ms``, ``kv_cache_dtype``.
+``fleet`` (same condition)
+    A batch job's fleet plan (:func:`servebook.perf.fleet.plan`, as ``servebook fleet``): replicas,
+    batch, hours, GPU-hours, requests/s. Inputs: ``model`` or ``config_json``, ``gpu``, ``gpus``,
+    ``tp``, ``requests``, ``input_tokens`` and ``output_tokens`` (fixed lengths per request),
+    ``max_num_batched_tokens``, ``kv_cache_dtype``.
 ``speculation`` (same condition)
     One speculative decode step with an n-gram drafter (drafts cost no GPU time):
     :func:`servebook.perf.speculative.speculative_step` and
@@ -73,6 +78,11 @@ DEFAULTS = {
     "k": 4,
     "acceptance": 0.7,
     "batch": 16,
+    "gpus": 8,
+    "requests": 1_000_000,
+    "input_tokens": 2000,
+    "output_tokens": 500,
+    "max_num_batched_tokens": 8192,
 }
 
 #: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
@@ -271,11 +281,47 @@ def _speculation(config: str, request: dict) -> dict:
             "note": f"n-gram drafter (no GPU cost); step model {source}"}
 
 
+#: The fleet calculator's whole-number inputs and their lower bounds (as ``servebook fleet`` checks them).
+_FLEET_AT_LEAST = {"gpus": 1, "tp": 1, "requests": 1, "input_tokens": 1, "output_tokens": 1,
+                   "max_num_batched_tokens": 1}
+
+
+def _fleet(config: str, request: dict) -> dict:
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    values = {key: _int(request, key) for key in _FLEET_AT_LEAST}
+    for key, low in _FLEET_AT_LEAST.items():
+        if values[key] < low:
+            raise ServebookError(f"{key} {values[key]} is out of range; use a whole number >= {low}")
+    spec = load_model_spec(config)
+    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
+    coeffs, source = calibrated_coefficients(gpu.name)
+    job = Workload(values["requests"], LengthDistribution.fixed(values["input_tokens"]),
+                   LengthDistribution.fixed(values["output_tokens"]))
+    p = plan(job, Deployment(spec.name, spec, gpu, gpus=values["gpus"], tp=values["tp"],
+                             max_num_batched_tokens=values["max_num_batched_tokens"],
+                             kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))), coeffs)
+    numbers = [
+        _number("replicas", f"replicas of TP={p.tp}", p.replicas, f"{p.replicas:,}"),
+        _number("batch", "decode batch per replica", p.batch, f"{p.batch:,} (KV cache holds {p.batch_kv_bound:,})"),
+        _number("step_ms", "mixed step", p.step_s * 1e3, f"{p.step_s * 1e3:.1f} ms ({p.bound})"),
+        _number("hours", "wall-clock hours", p.hours,
+                f"{p.hours:,.1f} h ({p.prefill_hours:,.1f} prefill + {p.decode_hours:,.1f} decode)"),
+        _number("gpu_hours", "GPU-hours", p.gpu_hours, f"{p.gpu_hours:,.0f}"),
+        _number("requests_per_s", "requests per second", p.requests_per_s, f"{p.requests_per_s:,.1f}"),
+    ]
+    return {"model": spec.name, "gpu": gpu.name, "numbers": numbers, "svg": "",
+            "note": "; ".join((*p.notes, f"step model {source}"))}
+
+
 _CALCULATORS = {"plan": _plan, "kv": _kv}
 #: Calculators offered only where their modules import (the step-time model imports numpy until it is
 #: made numpy-free; Pyodide has no numpy): name -> (function, the modules it needs).
 _OPTIONAL = {
     "chunk": (_chunk, ("servebook.perf.chunk_budget", "servebook.perf.model", "servebook.perf.gpu")),
+    "fleet": (_fleet, ("servebook.perf.fleet", "servebook.perf.model", "servebook.perf.gpu")),
     "speculation": (_speculation, ("servebook.perf.speculative", "servebook.perf.model", "servebook.perf.gpu")),
 }
 
