@@ -225,3 +225,14 @@ def test_the_fleet_calculator_is_the_fleet_plan():
     for key, value in (("gpus", "0"), ("requests", "-5"), ("input_tokens", "0")):
         reply = live.compute({"calculator": "fleet", key: value})
         assert reply == {"ok": False, "error": f"{key} {int(value)} is out of range; use a whole number >= 1"}
+    # Graphs captured up to the step budget (6.22's setting): the same plan as the library's, and
+    # faster than vLLM's default capture size, whose 16,384-token steps run eagerly.
+    graphs = plan(job, Deployment("x", spec, gpu, gpus=16, tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8",
+                                  cudagraph_max_tokens=16384), calibrated_coefficients(gpu.name)[0])
+    got = _numbers(live.compute({"calculator": "fleet", "model": "gemma-4-26b-a4b", "gpu": "H100", "gpus": "16",
+                                 "tp": "2", "requests": "200000", "input_tokens": "3000", "output_tokens": "700",
+                                 "max_num_batched_tokens": "16384", "kv_cache_dtype": "fp8",
+                                 "cudagraph_max_tokens": "16384"}))
+    assert got["hours"] == pytest.approx(graphs.hours, rel=1e-12) and graphs.hours < p.hours
+    reply = live.compute({"calculator": "fleet", "cudagraph_max_tokens": "-1"})
+    assert reply["ok"] is False and reply["error"].startswith("cudagraph_max_tokens -1 is out of range; use 0")

@@ -75,6 +75,7 @@ class LiveCalculator(Directive):
         "input_tokens": directives.positive_int,
         "output_tokens": directives.positive_int,
         "max_num_batched_tokens": directives.positive_int,
+        "cudagraph_max_tokens": directives.nonnegative_int,
         "kv_cache_dtype": directives.unchanged_required,
     }
 

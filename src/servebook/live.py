@@ -26,7 +26,8 @@ Calculators (``request["calculator"]``):
     A batch job's fleet plan (:func:`servebook.perf.fleet.plan`, as ``servebook fleet``): replicas,
     batch, hours, GPU-hours, requests/s. Inputs: ``model`` or ``config_json``, ``gpu``, ``gpus``,
     ``tp``, ``requests``, ``input_tokens`` and ``output_tokens`` (fixed lengths per request),
-    ``max_num_batched_tokens``, ``kv_cache_dtype``.
+    ``max_num_batched_tokens``, ``cudagraph_max_tokens`` (largest step run as a CUDA graph, tokens;
+    0 for vLLM's default), ``kv_cache_dtype``.
 ``speculation`` (same condition)
     One speculative decode step with an n-gram drafter (drafts cost no GPU time):
     :func:`servebook.perf.speculative.speculative_step` and
@@ -83,6 +84,7 @@ DEFAULTS = {
     "input_tokens": 2000,
     "output_tokens": 500,
     "max_num_batched_tokens": 8192,
+    "cudagraph_max_tokens": 0,      # 0: vLLM's default capture size for these settings
 }
 
 #: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
@@ -300,8 +302,13 @@ def _fleet(config: str, request: dict) -> dict:
     coeffs, source = calibrated_coefficients(gpu.name)
     job = Workload(values["requests"], LengthDistribution.fixed(values["input_tokens"]),
                    LengthDistribution.fixed(values["output_tokens"]))
+    graphs = _int(request, "cudagraph_max_tokens")
+    if graphs < 0:
+        raise ServebookError(f"cudagraph_max_tokens {graphs} is out of range; use 0 for vLLM's default or the "
+                             "largest step, in tokens, that runs as a CUDA graph")
     p = plan(job, Deployment(spec.name, spec, gpu, gpus=values["gpus"], tp=values["tp"],
                              max_num_batched_tokens=values["max_num_batched_tokens"],
+                             cudagraph_max_tokens=graphs or None,
                              kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))), coeffs)
     numbers = [
         _number("replicas", f"replicas of TP={p.tp}", p.replicas, f"{p.replicas:,}"),

@@ -42,7 +42,7 @@
     kv: ["model", "context_tokens", "kv_cache_dtype", "tp"],
     chunk: ["model", "gpu", "tp", "max_num_seqs", "context_tokens", "target_step_ms", "kv_cache_dtype"],
     fleet: ["model", "gpu", "gpus", "tp", "requests", "input_tokens", "output_tokens", "max_num_batched_tokens",
-            "kv_cache_dtype"],
+            "cudagraph_max_tokens", "kv_cache_dtype"],
     speculation: ["model", "gpu", "tp", "k", "acceptance", "batch", "context_tokens", "kv_cache_dtype"],
   };
   const LABELS = {
@@ -53,11 +53,12 @@
     k: "draft tokens per step (k)", acceptance: "acceptance per draft token (0-1)", batch: "sequences decoding",
     gpus: "GPUs in the fleet", requests: "requests in the job", input_tokens: "prompt tokens per request",
     output_tokens: "output tokens per request", max_num_batched_tokens: "--max-num-batched-tokens",
+    cudagraph_max_tokens: "largest CUDA-graph step, tokens (0: vLLM's default)",
   };
   // Step of each number box's arrows (any value may be typed).
   const STEPS = { max_model_len: "1024", context_tokens: "1024", max_num_seqs: "1", target_step_ms: "5",
                   k: "1", acceptance: "0.05", batch: "1", gpus: "1", requests: "100000", input_tokens: "500",
-                  output_tokens: "100", max_num_batched_tokens: "1024" };
+                  output_tokens: "100", max_num_batched_tokens: "1024", cudagraph_max_tokens: "1024" };
   const PASTE = "__paste__";
 
   function el(tag, attrs, children) {
