@@ -49,14 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['model']:18s} {r['job']:18s} {r['group']:8s} {r['predicted_s']:7.1f} {r['measured_s']:7.1f} "
               f"{r['predicted_tps']:10.0f} {r['measured_tps']:10.0f} {_pct(r['error'])} {steady_cols}")
     if args.steps:
-        print(f"\n{'model':18s} {'job':18s} {'sim s':>6s} {'sim err':>7s} {'step err':>8s} {'decode':>6s} "
+        print(f"\n{'model':18s} {'job':18s} {'finite s':>8s} {'fin err':>7s} {'sim s':>6s} {'sim err':>7s} {'step err':>8s} {'decode':>6s} "
               f"{'mixed':>6s} {'mixed share':>11s} {'outside s':>9s}  decode-step error by batch")
         for r in rows:
             if "simulated_s" not in r:
                 continue
             by_batch = " ".join(f"{b}:{_pct(v['error']).strip()}" for b, v in (r.get("steps_by_batch") or {}).items()
                                 if v["steps"] >= 5)
-            print(f"{r['model']:18s} {r['job']:18s} {r['simulated_s']:6.1f} {_pct(r['sim_error']):>7s} "
+            print(f"{r['model']:18s} {r['job']:18s} {r['finite_s']:8.1f} {_pct(r['finite_error']):>7s} "
+                  f"{r['simulated_s']:6.1f} {_pct(r['sim_error']):>7s} "
                   f"{_pct(r.get('step_error')):>8s} {_pct(r.get('step_error_decode')):>6s} "
                   f"{_pct(r.get('step_error_mixed')):>6s} {_pct(r.get('mixed_share'), ''):>11s} "
                   f"{r.get('outside_steps_s', float('nan')):9.2f}  {by_batch}")
@@ -65,6 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         s, st = groups[g], steady[g]
         print(f"{g:8s}: {s['jobs']} jobs, mean absolute error {_pct(s['mae'], '')}, worst {_pct(s['worst'])}, "
               f"mean {_pct(s['mean'])}; against the steady state: MAE {_pct(st['mae'], '')}, worst {_pct(st['worst'])}")
+    if args.steps:
+        for g in ("fitted", "held out"):
+            s = summary([r for r in rows if r["group"] == g], "finite_error")
+            print(f"{g:8s}: servebook fleet --finite-job (steady state + simulated ramp and drain): MAE "
+                  f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
+            s = summary([r for r in rows if r["group"] == g], "sim_error")
+            print(f"{g:8s}: the simulator's replay (same step model, ramp and drain included): MAE "
+                  f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
+    print("steady = share of the wall time at >= 90% of the job's peak batch; in a job of one batch of requests "
+          "that is its decode-only part, so st.err compares fleet's mixed steady state with pure decoding there")
     notes = sorted({f"{r['model']}: GPU {r['gpu_source']}" for r in rows if not r["gpu_source"].startswith("recorded")})
     for n in notes:
         print(f"note: {n}")

@@ -58,6 +58,16 @@ def test_every_exhibit_line_is_in_its_recorded_file():
             assert shown in raw or shown in raw.replace("\\n", "\n"), (d.id, line[:80])
 
 
+def test_no_exhibit_or_caption_names_a_path_of_the_recording_machine():
+    """Exhibits show what was measured, not where: no temporary folder (a model served from
+    tempfile.mkdtemp used to appear in every /metrics label) and no core count of the CI machine."""
+    shown = [(d.id, d.exhibit.caption + "\n" + d.exhibit.text()) for d in DRILLS if d.exhibit is not None]
+    assert shown
+    for drill_id, text in shown:
+        assert "/tmp/" not in text and "servebook-lab-model-" not in text, drill_id
+        assert "2-core" not in text, drill_id
+
+
 def test_flags_and_metrics_named_by_drills_are_checked_claims():
     from test_book_claims import load_claims, unknown_names
 
@@ -174,6 +184,8 @@ def test_moe_weights_hold_every_expert():
     # "A4B" = about 4B active; all 26B must be resident: weights far above active x 2 bytes.
     active = _arg("moe-active-params", model="gemma-4-26b-a4b")
     assert 3.5 < active < 4.5
+    # one "active parameters" figure in the book: Qwen3-30B-A3B's model card says 3.3B (models/SOURCES.md)
+    assert _arg("moe-active-params", model="qwen3-30b-a3b") == pytest.approx(3.3, abs=0.06)
     assert _arg("memory-moe-weights", model="gemma-4-26b-a4b") > 5 * active * 1e9 * 2 / GIB
 
 

@@ -103,3 +103,15 @@ def test_simulated_replay_serves_every_requested_token():
         s = simulated(doc, job)
         assert s["output_tokens_per_s"] * s["seconds"] == pytest.approx(sum(job["request_columns"]["output_tokens"]))
         assert 1 <= s["mean_running"] <= doc["engine_args"]["max_num_seqs"]
+
+
+def test_benchmark_steps_table_names_each_job_and_the_simulators_error(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["fleet_vs_measured.py", "--results", str(FIXTURES), "--steps"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "benchmarks" / "fleet_vs_measured.py"), run_name="__main__")
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    [doc] = e2e_results(FIXTURES)
+    for job in doc["jobs"]:
+        assert out.count(job["name"]) == 2  # the main table and the steps table
+    assert "held out: the simulator's replay" in out and "assumed h200" in out

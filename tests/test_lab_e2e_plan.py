@@ -129,7 +129,7 @@ def test_records_reads_e2e_files_and_rejects_others(tmp_path):
 
 # ---- the GPU runner's e2e targets (labs/tools/run_labs_gpu.sh), with a fake interpreter ------------
 
-@pytest.mark.parametrize("target", ["e2e-a", "e2e-b"])
+@pytest.mark.parametrize("target", ["e2e-a", "e2e-b", "e2e-c", "e2e-gemma"])
 def test_runner_e2e_targets_run_the_recorder_with_a_deadline(tmp_path, target):
     import os
     import subprocess
@@ -160,10 +160,11 @@ def test_runner_plan_text_lists_every_e2e_model():
     text = subprocess.run(["bash", str(root / "labs" / "tools" / "run_labs_gpu.sh"), "plan"], capture_output=True,
                           text=True, timeout=60).stdout
     plan = load_plan()
+    assert "capped at 580 s" in text
     for target, models in plan.targets.items():
-        assert f"{target} (capped at 580 s)" in text
+        section = text.split(f"  {target} ", 1)[1]
         for m in models:
-            assert m in text.split(target + " (capped", 1)[1]
+            assert m in section.split("\n  e2e-", 1)[0]
 
 
 def test_run_does_not_start_an_engine_that_cannot_finish_before_the_deadline(tmp_path, monkeypatch, capsys):

@@ -78,6 +78,25 @@ def test_draft_formula_reproduces_its_printed_table():
     assert (round(d["prefill_hours"], 1), round(d["decode_hours"], 1), round(d["requests_per_s"], 1)) == (580.5, 331.0, 3.0)
 
 
+def test_draft_scenarios_reproduce_every_row_of_its_printed_table():
+    """All five rows of the draft's 6.22 table (prefill h, decode h, total h, req/s), typed from its text;
+    the corrections appendix prints these scenarios (moved here from the fleet-plan notebook)."""
+    from servebook.draft.fleet import DRAFT_JOB, DRAFT_SCENARIOS
+
+    printed = {"26B-A4B MoE, 8 GPU, batch 48": (74.9, 481.2, 556.1, 5.0),
+               "26B-A4B MoE, 8 GPU, batch 48, spec": (74.9, 185.1, 260.0, 10.7),
+               "31B dense, 8 GPU, batch 32": (580.5, 860.7, 1441.1, 1.9),
+               "31B dense, 8 GPU, batch 32, spec": (580.5, 331.0, 911.5, 3.0),
+               "26B-A4B MoE, 64 GPU, batch 48": (9.4, 60.2, 69.5, 40.0)}
+    assert [s[0] for s in DRAFT_SCENARIOS] == list(printed)
+    requests, n_in, n_out = DRAFT_JOB
+    for label, _, active_b, total_b, gpus, batch, accept in DRAFT_SCENARIOS:
+        d = draft_estimate(requests, n_in, n_out, active_params=active_b * 1e9, total_params=total_b * 1e9,
+                           gpus=gpus, batch=batch, accept_rate=accept)
+        got = (d["prefill_hours"], d["decode_hours"], d["hours"], d["requests_per_s"])
+        assert got == pytest.approx(printed[label], abs=0.051), label
+
+
 def test_decode_fit_check_names_the_limit():
     with pytest.raises(DoesNotFitError, match="at most .* sequences fit"):
         check_decode_fits(LLAMA, "h200", batch=4096, context_tokens=16000)

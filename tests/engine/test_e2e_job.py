@@ -78,7 +78,7 @@ def test_provenance(doc):
     assert flags["load_format"] == "dummy" and flags["skip_tokenizer_init"] is True
     assert flags["disable_log_stats"] is False and flags["max_num_seqs"] == MAX_NUM_SEQS
     assert flags["scheduler_cls"].endswith("RecordingScheduler")
-    assert doc["date"].startswith("20") and doc["engine_start_s"] > 0
+    assert doc["date"].startswith("20") and doc["engine_start_s"] > 0 and doc["warm_up_s"] > 0
 
 
 def test_startup_kv_figures_are_the_engines(doc):

@@ -277,10 +277,12 @@ def decode_speed_ratio(model_a: str, model_b: str, gpu: str, batch: int, context
 
 
 def active_params_b(model: str) -> float:
-    """Parameters a token multiplies through (matmul weights; top-k experts only), billions."""
-    from servebook.hf_config import active_matmul_params
+    """Active parameters per token (top-k experts plus every shared weight, the embedding included), billions.
 
-    return active_matmul_params(_spec(model)) / 1e9
+    The same count the chapter quotes (``ModelSpec.params.active``) and Qwen and Mistral publish;
+    compute models subtract the embedding lookup (:func:`servebook.hf_config.active_matmul_params`).
+    """
+    return _spec(model).params.active / 1e9
 
 
 def kv_heads_per_gpu(model: str, tp: int, layer: int = -1) -> float:

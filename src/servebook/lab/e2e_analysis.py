@@ -73,7 +73,9 @@ def _catalogue_gpu(doc: dict, gpu: str | None) -> tuple[str, str]:
 def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:
     """One row per measured job of a record: fleet's prediction, the measurement, the steady state.
 
-    With ``detail`` also the simulator's replay of the job (``simulated_s``, ``sim_error``: its
+    With ``detail`` also ``servebook fleet --finite-job`` (``finite_s``, ``finite_error``: measured /
+    predicted seconds - 1, i.e. predicted / measured output tokens/s - 1), the simulator's replay of
+    the job's own requests (``simulated_s``, ``sim_error``: its
     output tokens/s / measured - 1) and the recorded steps priced by the step-time model
     (``step_error_decode``, ``step_error_mixed``, ``step_error``: predicted / measured step seconds
     - 1; ``outside_steps_s``).
@@ -105,6 +107,8 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
                        steady_batch=steady["mean_batch"], steady_step_s=steady["mean_step_s"],
                        steady_error=pred["output_tokens_per_s"] / steady["output_tokens_per_s"] - 1)
         if detail:
+            fin = finite_job(doc, job, gpu=g)
+            row.update(finite_s=fin["seconds"], finite_error=job["wall_s"] / fin["seconds"] - 1)
             sim = simulated(doc, job, gpu=g)
             row.update(simulated_s=sim["seconds"], simulated_tps=sim["output_tokens_per_s"],
                        sim_error=sim["output_tokens_per_s"] / measured - 1, sim_mean_running=sim["mean_running"])
@@ -125,6 +129,30 @@ def summary(rows: list[dict], key: str = "error") -> dict:
         return {"jobs": 0, "mae": None, "worst": None, "mean": None}
     return {"jobs": len(errs), "mae": statistics.fmean(abs(e) for e in errs),
             "worst": max(errs, key=abs), "mean": statistics.fmean(errs)}
+
+
+def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
+    """``servebook fleet --finite-job`` for the job: fleet's steady state plus the simulated ramp and drain.
+
+    The lengths enter as 64 quantiles each, as in :func:`servebook.lab.e2e_plan.predict`.
+    """
+    from servebook.hf_config import load_model_spec
+    from servebook.lab.e2e_plan import _quantiles
+    from servebook.perf.finite_job import finite_job_seconds
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    g, _ = _catalogue_gpu(doc, gpu)
+    numbers = gpu_numbers(g)
+    coeffs, _ = calibrated_coefficients(numbers.name)
+    flags, cols = doc["engine_args"], job["request_columns"]
+    work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(_quantiles(cols["prompt_tokens"])),
+                    LengthDistribution.from_samples(_quantiles(cols["output_tokens"])))
+    d = Deployment(name=doc["model_id"], spec=load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1,
+                   max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
+                   gpu_memory_utilization=float(flags["gpu_memory_utilization"]))
+    return finite_job_seconds(work, d, coeffs)
 
 
 def _step_model(doc: dict, gpu: str):

@@ -186,6 +186,25 @@ def run_job(llm, job: Job, engine_args: dict, config: dict, step_log: str | None
     return result
 
 
+def warm_up(llm, engine_args: dict, vocab: int, *, full_budget: bool = True) -> None:
+    """Run every kind of step the jobs will run once before timing them.
+
+    On the H200 the first job on an engine paid one-time costs (kernels compiled for step sizes
+    the start-up never ran: DeepSeek-V2-Lite's first 5,233-token step took 1.9 s, its later
+    8,192-token steps 0.1-0.2 s). So: short prompts decoding (CUDA-graph steps), then enough
+    1,024-token prompts for two steps at the full token budget beside decodes (eager mixed steps).
+    ``full_budget=False`` (the CPU smoke test, where a first large step costs ~20 s of compilation
+    on a 2-core machine) runs only the short prompts.
+    """
+    from vllm import SamplingParams
+
+    budget = int(engine_args.get("max_num_batched_tokens", 8192))
+    long_len = min(1024, int(engine_args["max_model_len"]) // 2)
+    lengths = [32] * 32 + ([long_len] * max(1, 2 * budget // long_len) if full_budget else [])
+    prompts = [{"prompt_token_ids": p} for p in token_prompts(lengths, vocab, 999)]
+    llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False)
+
+
 def _needed_s(job: Job, config: dict, engine_args: dict, gpu: str, ratio: float) -> float:
     try:
         inputs, outputs = job_lengths(job, int(engine_args["max_model_len"]))
@@ -221,7 +240,8 @@ def main(case_path: str) -> None:
                       "distinct random token-id prompts, greedy, ignore_eos, max_tokens = the drawn output length; "
                       "wall_s = time.monotonic around generate; per-request timestamps from RequestOutput.metrics "
                       "(s after the job's start); counters are LLM.get_metrics() deltas; steps from "
-                      "servebook.lab.step_recorder (t_s = when the step was scheduled)"),
+                      "servebook.lab.step_recorder (t_s = when the step was scheduled); before the first job a warm-up "
+                      "(warm_up_s) runs decode-only and full-budget mixed steps once"),
            "jobs": []}
     say(f"{model}: starting the engine ({device}) with {json.dumps(engine_args)}")
     t = time.monotonic()
@@ -234,10 +254,9 @@ def main(case_path: str) -> None:
     doc["startup"] = _startup_from_log(case.get("log"), model)
     doc["startup"]["num_gpu_blocks"] = _num_gpu_blocks(llm)
     say(f"{model}: engine started in {doc['engine_start_s']:.0f} s")
-    warm = [{"prompt_token_ids": p} for p in token_prompts([32] * 8, int(config.get("vocab_size", 32000)), 999)]
-    from vllm import SamplingParams
-
-    llm.generate(warm, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False)
+    t = time.monotonic()
+    warm_up(llm, engine_args, int(config.get("vocab_size", 32000)), full_budget=device == "cuda")
+    doc["warm_up_s"] = time.monotonic() - t
     _write(out, doc)
     ratio = 1.0
     for job in jobs:
