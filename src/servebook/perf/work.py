@@ -275,12 +275,20 @@ class PrefillWork:
         self.matmul_params = matmul_params_per_token(spec)
         self.head_params = _head_params(spec)
         self.expert_flops_per_token = expert_flops_per_token(spec)
+        self.groups = _integer_layer_groups(self.layers, self.dtype_bytes)
 
     def __call__(self, tokens, prior_tokens=0, last_chunk: bool = True) -> tuple[float, ...]:
         n = float(tokens)
         p = float(prior_tokens)
         if n < 1 or p < 0:
             raise ServebookError(f"a prefill chunk needs >= 1 token and >= 0 prior tokens, got {tokens}, {prior_tokens}")
+        if self.groups and n.is_integer() and p.is_integer():
+            summed = _attention_and_kv_in_integers(self.groups, int(n), int(p))
+            if summed is not None:
+                attn_flops, kv_bytes = summed
+                sampled = 1.0 if last_chunk else 0.0
+                linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
+                return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
         dtype_bytes = self.dtype_bytes
         attn_flops = 0.0
         kv_bytes = 0.0
@@ -292,6 +300,46 @@ class PrefillWork:
         sampled = 1.0 if last_chunk else 0.0
         linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
         return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
+
+
+#: Whole numbers up to this are exact in a float64, and so are sums of them that stay below it.
+_EXACT_INT = 2 ** 53
+
+
+def _integer_layer_groups(layers, dtype_bytes: int) -> tuple | None:
+    """``((window, attention FLOPs per key, KV bytes per token), ...)`` summed over the layers of each window,
+    as integers; None when a per-layer figure is not a whole number (then no exact shortcut exists)."""
+    groups: dict = {}
+    for window, flops_per_key, kv_elements in layers:
+        kv = kv_elements * dtype_bytes
+        if not (float(flops_per_key).is_integer() and float(kv).is_integer()):
+            return None
+        f, b = groups.get(window, (0, 0))
+        groups[window] = (f + int(flops_per_key), b + int(kv))
+    return tuple((w, f, b) for w, (f, b) in groups.items())
+
+
+def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float] | None:
+    """A prefill chunk's attention FLOPs and KV bytes, summed over layer groups in integers.
+
+    :class:`PrefillWork` adds one whole number per layer in floats; while every term and partial
+    sum is below 2**53 each of those additions is exact, so the integer sum here is the same float.
+    None when a sum reaches 2**53 (then the caller adds per layer, as before).
+    """
+    if n * (n + 1) >= _EXACT_INT:
+        return None
+    attn = kv = 0
+    for window, flops_per_key, kv_per_token in groups:
+        if window is None:
+            keys, prior_read = n * p + n * (n + 1) // 2, p
+        else:
+            k = min(max(window - p, 0), n)  # queries whose position is <= window
+            keys, prior_read = k * p + k * (k + 1) // 2 + (n - k) * window, min(p, window)
+        attn += flops_per_key * keys
+        kv += (prior_read + n) * kv_per_token
+    if attn >= _EXACT_INT or kv >= _EXACT_INT:
+        return None
+    return float(attn), float(kv)
 
 
 def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:

@@ -233,13 +233,15 @@ def simulate(
         contexts: list[int] = []
         for r, n in scheduled:
             total += n
-            computed = r.num_computed + n
+            before = r.num_computed
+            computed = before + n
             context += computed
-            if _is_decode(r, n):
+            # a decode (as _is_decode, inlined: this loop runs once per request per step)
+            if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
-                contexts.append(r.num_computed)
+                contexts.append(before)
             else:
-                chunks.append((n, r.num_computed, computed >= r.num_tokens))
+                chunks.append((n, before, computed >= r.num_tokens))
         prefill = total - decode
         if not total:
             dt = 0.0
@@ -251,10 +253,13 @@ def simulate(
         sched.computed_running += total
         finished: list[RequestState] = []
         for r, n in scheduled:
-            r.num_computed += n
-            if r.num_computed >= r.num_tokens:
-                r.num_output += 1
+            if r.start_s is None:
+                r.start_s = clock
+            computed = r.num_computed + n
+            r.num_computed = computed
+            if computed >= r.num_tokens:
                 r.num_tokens += 1
+                r.num_output = out = r.num_output + 1
                 if r.first_token_s is None:
                     r.first_token_s = end
                 else:
@@ -262,7 +267,7 @@ def simulate(
                     if gap > r.max_gap_s:
                         r.max_gap_s = gap
                 r.last_token_s = end
-                if r.num_output >= r.num_output_target:
+                if out >= r.num_output_target:
                     finished.append(r)
         # Occupancy is recorded after the step's KV writes, before frees.
         reserved = sched.reserved_slots()
@@ -282,9 +287,6 @@ def simulate(
         trace.blocks_free.append(config.num_blocks - used)
         if record_batches:
             trace.batches.append({r.rid: n for r, n in scheduled})
-        for r, _ in scheduled:
-            if r.start_s is None:
-                r.start_s = clock
         if snapshot_at_step == len(trace) - 1:
             snapshot = memory_snapshot(sched)
             snapshot["time_s"] = end
