@@ -13,9 +13,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from servebook.errors import ServebookError
+from servebook.reductions import mean, pairwise_sum, percentile
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.contiguous import reservation_tokens
 from servebook.simulator.scheduler import RequestState, make_scheduler
@@ -52,9 +51,9 @@ class StepTrace:
         return len(self.start_s)
 
     @property
-    def reserved_empty_slots(self) -> np.ndarray:
+    def reserved_empty_slots(self) -> list[int]:
         """Reserved KV slots that hold no token, per step."""
-        return np.asarray(self.reserved_slots) - np.asarray(self.held_tokens)
+        return [r - h for r, h in zip(self.reserved_slots, self.held_tokens)]
 
 
 @dataclass(frozen=True)
@@ -96,19 +95,21 @@ class SimulationResult:
     snapshot: dict | None = None
 
     def summary(self) -> dict:
-        """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction)."""
+        """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction).
+
+        Means and percentiles as numpy computes them (:mod:`servebook.reductions`), without numpy.
+        """
         steps = self.steps
         makespan = steps.start_s[-1] + steps.duration_s[-1] if len(steps) else 0.0
-        ttft = np.array([r.ttft_s for r in self.requests])
-        itl = np.array([r.mean_itl_s for r in self.requests if r.output_tokens > 1] or [0.0])
-        latency = np.array([r.latency_s for r in self.requests])
+        ttft = [r.ttft_s for r in self.requests]
+        itl = [r.mean_itl_s for r in self.requests if r.output_tokens > 1] or [0.0]
+        latency = [r.latency_s for r in self.requests]
         out_tokens = sum(r.output_tokens for r in self.requests)
         prompt_tokens = sum(r.prompt_tokens for r in self.requests)
-        dur = np.asarray(steps.duration_s)
-        reserved = np.asarray(steps.reserved_slots, dtype=float)
-        held = np.asarray(steps.held_tokens, dtype=float)
-        mask = (reserved > 0) & (dur > 0)
-        util = float((held[mask] / reserved[mask] * dur[mask]).sum() / dur[mask].sum()) if mask.any() else 0.0
+        busy = [(float(h), float(r), d) for h, r, d in zip(steps.held_tokens, steps.reserved_slots, steps.duration_s)
+                if r > 0 and d > 0]
+        util = (pairwise_sum([h / r * d for h, r, d in busy]) / pairwise_sum([d for _, _, d in busy])
+                if busy else 0.0)
         return {
             "policy": self.config.policy,
             "num_requests": len(self.requests),
@@ -117,16 +118,17 @@ class SimulationResult:
             "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
             "total_tokens_per_s": (out_tokens + prompt_tokens) / makespan if makespan else 0.0,
             "requests_per_s": len(self.requests) / makespan if makespan else 0.0,
-            "ttft_mean_s": float(ttft.mean()),
-            "ttft_p50_s": float(np.percentile(ttft, 50)),
-            "ttft_p99_s": float(np.percentile(ttft, 99)),
-            "itl_mean_s": float(itl.mean()),
-            "latency_mean_s": float(latency.mean()),
-            "latency_p99_s": float(np.percentile(latency, 99)),
+            "ttft_mean_s": mean(ttft),
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99),
+            "itl_mean_s": mean(itl),
+            "latency_mean_s": mean(latency),
+            "latency_p99_s": percentile(latency, 99),
             "preemptions": self.num_preemptions,
             "kv_utilisation": util,
             "peak_blocks_used": max(steps.blocks_used) if len(steps) else 0,
-            "mean_running": float(np.mean(steps.running)) if len(steps) else 0.0,
+            # a sum of counts is exact in floats in any order, so this is numpy.mean's value too
+            "mean_running": float(sum(steps.running)) / len(steps) if len(steps) else 0.0,
         }
 
     def to_json(self, include_steps: bool = False) -> str:
