@@ -200,6 +200,7 @@ class _DecodeSums:
 
     def __init__(self, const: tuple, full: tuple[int, int], windows: tuple[tuple[int, tuple[int, int]], ...]):
         self.const, self.full, self.windows = const, full, windows
+        self.const_attn, self.const_kv = (int(const[i]) for i in self.GROWING)
         self.repeated: dict[int, list] = {}
 
     def __bool__(self) -> bool:
@@ -242,8 +243,8 @@ class _DecodeSums:
         total = sum(contexts)
         if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
             return None
-        (a_attn, a_kv), (b_attn, b_kv) = (self.const[i] for i in self.GROWING), self.full
-        attn, kv = int(a_attn) * n + b_attn * total, int(a_kv) * n + b_kv * total
+        b_attn, b_kv = self.full
+        attn, kv = self.const_attn * n + b_attn * total, self.const_kv * n + b_kv * total
         for w, (b_attn, b_kv) in self.windows:
             capped = sum([c if c < w else w for c in contexts])
             attn += b_attn * capped
@@ -253,8 +254,9 @@ class _DecodeSums:
         out = self.repeated.get(n)
         if out is None:  # each constant field summed as the table path sums it: n equal terms, in order
             out = self.repeated[n] = [sum([v] * n) for v in self.const]
-        out = list(out)
-        out[4], out[5] = float(attn), float(kv)
+        out = out.copy()
+        out[4] = float(attn)
+        out[5] = float(kv)
         return out
 
 
