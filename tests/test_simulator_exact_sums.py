@@ -44,6 +44,7 @@ def test_decode_sums_equal_the_per_decoder_float_sum(model, tp, kv):
                     for _ in range(size)]
         by_row = [sum(col) for col in zip(*(row(c) for c in contexts))]
         assert sums(contexts) == by_row
+        assert sums(contexts, sum(contexts)) == by_row  # the simulator hands over the total it added up
 
 
 def test_decode_sums_step_aside_for_float_contexts_and_huge_sums():

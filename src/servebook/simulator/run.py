@@ -197,6 +197,7 @@ def simulate(
     _check_fits(requests, config)
     cost = step_time_s or LinearStepTime()
     detailed = bool(getattr(cost, "prices_step_content", False))
+    with_total = detailed and bool(getattr(cost, "takes_context_total", False))
     sched = make_scheduler(config)
     states = [RequestState(spec, i, config.block_size) for i, spec in enumerate(requests)]
     order = sorted(states, key=lambda s: (s.spec.arrival_s, s.index))
@@ -230,7 +231,7 @@ def simulate(
                 )
         # The step's content, in one pass: (tokens, prior_tokens, completes_prompt) per prefilling
         # request and the tokens already cached for each decoding request (its context), before the step.
-        decode = context = total = 0
+        decode = context = total = decode_context = 0
         chunks: list[tuple[int, int, bool]] = []
         contexts: list[int] = []
         for r, n in scheduled:
@@ -241,12 +242,15 @@ def simulate(
             # a decode (as _is_decode, inlined: this loop runs once per request per step)
             if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
+                decode_context += before
                 contexts.append(before)
             else:
                 chunks.append((n, before, computed >= r.num_tokens))
         prefill = total - decode
         if not total:
             dt = 0.0
+        elif with_total:
+            dt = cost.step_s(chunks, contexts, context_total=decode_context)
         elif detailed:
             dt = cost.step_s(chunks, contexts)
         else:

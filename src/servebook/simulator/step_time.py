@@ -102,16 +102,23 @@ class PerfStepTime:
     #: Tells :func:`servebook.simulator.simulate` to call :meth:`step_s` with the step's content.
     prices_step_content = True
 
-    def step_s(self, prefill_chunks, decode_contexts) -> float:
+    #: :func:`servebook.simulator.simulate` may pass ``context_total`` to :meth:`step_s`.
+    takes_context_total = True
+
+    def step_s(self, prefill_chunks, decode_contexts, context_total: int | None = None) -> float:
         """Seconds of a step with these prefill chunks and decoding sequences' contexts (tokens).
 
         Equals ``step_time(spec, gpu, work, coeffs, ...).step_s`` for the step's ``work``
         (the decoders' ``decode_work`` plus each chunk's ``prefill_work``), through the
         same functions with their per-model constants kept (``StepPricer``,
         ``PrefillWork``) and the step's work summed as a tuple of floats.
+
+        ``context_total``: ``sum(decode_contexts)``, when the caller has it (the simulator adds
+        it up while the contexts are at hand); passing it also vouches that every context is a
+        whole number >= 0, so they are not checked again.
         """
         pricer = self._pricer or self._keep_constants()
-        work = self._decode_work(decode_contexts) if decode_contexts else [0.0] * 7
+        work = self._decode_work(decode_contexts, context_total) if decode_contexts else [0.0] * 7
         prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
             work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
@@ -129,7 +136,7 @@ class PerfStepTime:
                                                        cudagraph_max_tokens=self.cudagraph_max_tokens))
         return self._pricer
 
-    def _decode_work(self, decode_contexts) -> list[float]:
+    def _decode_work(self, decode_contexts, context_total: int | None = None) -> list[float]:
         """Sum of ``decode_work(spec, 1, c).astuple()`` over the decoders' contexts ``c``.
 
         Work is additive over sequences (``decode_work`` of a batch with a context
@@ -142,7 +149,7 @@ class PerfStepTime:
             sums = _DecodeSums.for_model(self.spec, self.tp, self.kv_cache_dtype, self._decode_row)
             object.__setattr__(self, "_decode_sums", sums)
         if sums:
-            exact = sums(decode_contexts)
+            exact = sums(decode_contexts, context_total)
             if exact is not None:
                 return exact
         table = self._decode_rows
@@ -238,11 +245,13 @@ class _DecodeSums:
                 return False
         return sums
 
-    def __call__(self, contexts) -> list | None:
+    def __call__(self, contexts, total: int | None = None) -> list | None:
+        """The summed row for these contexts; ``total`` is their sum when known (and vouched for)."""
         n = len(contexts)
-        total = sum(contexts)
-        if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
-            return None
+        if total is None:
+            total = sum(contexts)
+            if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
+                return None
         b_attn, b_kv = self.full
         attn, kv = self.const_attn * n + b_attn * total, self.const_kv * n + b_kv * total
         for w, (b_attn, b_kv) in self.windows:
