@@ -7,12 +7,19 @@ and asserts the same text, character for character.
 
 The fixture was first written at commit 516197f (numpy in every step-model, fleet, speculation
 and simulator module), before those modules were made to run on the standard library alone.
+
+To re-record it from another tree that still has the numpy code (e.g. main before the numpy-free
+branch is merged), export that tree's ``src`` and point PYTHONPATH at it::
+
+    mkdir /tmp/golden-src && git archive COMMIT src | tar -x -C /tmp/golden-src
+    PYTHONPATH=/tmp/golden-src/src SERVEBOOK_GOLDEN_COMMIT=COMMIT python tests/golden_core.py
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,11 +208,17 @@ def cli_output(argv: list[str]) -> str:
 
 
 def record() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent).stdout.strip()
-    return {"generated_at": commit + (" (src modified)" if dirty else ""),
+    import servebook
+
+    commit = os.environ.get("SERVEBOOK_GOLDEN_COMMIT")
+    if not commit:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
+                               cwd=Path(__file__).parent).stdout.strip()
+        commit += " (src modified)" if dirty else ""
+    print(f"recording the outputs of {servebook.__file__} as commit {commit}", file=sys.stderr)
+    return {"generated_at": commit,
             "cli": {name: cli_output(argv) for name, argv in CLI_CASES.items()},
             "functions": function_cases()}
 

@@ -36,6 +36,7 @@ from servebook.perf.work import (
     kv_bytes_per_sequence,
     kv_dtype_bytes,
     kv_elements_per_token_per_gpu,
+    sliding_holds,
     prefill_work,
     prompt_chunks,
 )
@@ -206,15 +207,14 @@ def _running_contexts(w: Workload, points_per_sequence: int = 8) -> tuple[list[f
 
 
 def _mean_kv_hold(spec: ModelSpec, ctx: list[float], weights: list[float], *, tp: int, kv_cache_dtype: str,
-                  sliding_extra_tokens: int) -> float:
+                  holds: dict) -> float:
     """``sum(weights x kv_bytes_per_sequence(ctx))``: KV bytes a running sequence holds on average (per GPU).
 
+    ``holds``: tokens a sliding layer holds per window (:func:`servebook.perf.work.sliding_holds`).
     Per layer group (full attention, each window) rather than per context: the weighted mean of the
     tokens a group holds times its bytes per token, so a 32,768-point distribution costs a few
     passes, not one per layer.
     """
-    from servebook.vllm_rules.cache import sliding_window_hold_tokens
-
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
     per_group: dict = {}
     for layer in spec.layers:
@@ -226,7 +226,7 @@ def _mean_kv_hold(spec: ModelSpec, ctx: list[float], weights: list[float], *, tp
         if window is None:
             held = ctx
         else:
-            cap = float(sliding_window_hold_tokens(window, sliding_extra_tokens))
+            cap = float(holds[window])
             held = [c if c <= cap else cap for c in ctx]
         total += dot(weights, held) * bytes_per_token
     return total
@@ -297,7 +297,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window: hold window + one block
     kv_hold = _mean_kv_hold(spec, ctx, weights, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                            sliding_extra_tokens=CUDA_DEFAULT_BLOCK_SIZE)
+                            holds=sliding_holds(spec, CUDA_DEFAULT_BLOCK_SIZE))
     batch_kv = int(kv_budget // kv_hold)
     if d.batch is not None:
         if d.batch > batch_kv:

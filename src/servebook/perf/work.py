@@ -412,23 +412,29 @@ def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
     that reuse another layer's cache hold nothing. Block rounding is ignored
     (:mod:`servebook.kv_cache` models vLLM's pages exactly).
     """
+    holds = sliding_holds(spec, sliding_extra_tokens)
     if not is_number(context_tokens):
         np = require_numpy("kv_bytes_per_sequence over arrays")
-        return _kv_bytes_per_sequence(spec, np.asarray(context_tokens, dtype=float), tp, kv_cache_dtype,
-                                      sliding_extra_tokens, np.minimum, np.zeros_like)
-    return _kv_bytes_per_sequence(spec, float(context_tokens), tp, kv_cache_dtype, sliding_extra_tokens,
-                                  min, lambda c: 0.0)
+        return _kv_bytes_per_sequence(spec, np.asarray(context_tokens, dtype=float), tp, kv_cache_dtype, holds,
+                                      np.minimum, np.zeros_like)
+    return _kv_bytes_per_sequence(spec, float(context_tokens), tp, kv_cache_dtype, holds, min, lambda c: 0.0)
 
 
-def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, sliding_extra_tokens: int, minimum, zero):
+def sliding_holds(spec: ModelSpec, sliding_extra_tokens: int = 0) -> dict[int, int]:
+    """``{window: tokens}``: what a sliding layer of each window holds at most for one sequence
+    (``window - 1 + sliding_extra_tokens``, :func:`kv_bytes_per_sequence`)."""
+    return {layer.sliding_window: sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens)
+            for layer in spec.layers if layer.sliding_window is not None}
+
+
+def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, holds: dict, minimum, zero):
     """:func:`kv_bytes_per_sequence` of a float (``minimum=min``) or a float array (``np.minimum``)."""
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
     total = zero(ctx)
     for layer in spec.layers:
         if not layer.owns_cache:
             continue
-        held = ctx if layer.sliding_window is None else minimum(
-            ctx, sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens))
+        held = ctx if layer.sliding_window is None else minimum(ctx, holds[layer.sliding_window])
         total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
     return total
 
