@@ -239,7 +239,7 @@ def simulate(
             before = r.num_computed
             computed = before + n
             context += computed
-            # a decode (as _is_decode, inlined: this loop runs once per request per step)
+            # a decode: one new token right after an output token (not a prompt's last token)
             if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
                 decode_context += before
@@ -323,12 +323,6 @@ def simulate(
             raise ServebookError(f"simulation passed max_steps={max_steps}; raise the limit")
     return SimulationResult(config=config, steps=trace, requests=metrics,
                             num_preemptions=sched.num_preemptions, snapshot=snapshot)
-
-
-def _is_decode(r: RequestState, n: int) -> bool:
-    """Whether scheduling ``n`` tokens of ``r`` is a decode: one new token right after an output
-    token (not a prompt's last token)."""
-    return n == 1 and bool(r.num_output) and r.num_computed + n == r.num_tokens
 
 
 def memory_snapshot(sched) -> dict:
