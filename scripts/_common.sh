@@ -71,7 +71,7 @@ ensure_venv() {
 
 # node_modules from package-lock.json (`npm ci`), then the vendored copy the book serves.
 ensure_js() {
-  command -v node >/dev/null && command -v npm >/dev/null || die "node/npm missing: the book vendors MathJax, require.js and the ipywidgets HTML manager from the npm registry. Install Node.js 18+ with npm (Debian: apt-get install -y nodejs npm)."
+  command -v node >/dev/null && command -v npm >/dev/null || die "node/npm missing: the book vendors MathJax, require.js, the ipywidgets HTML manager and Pyodide from the npm registry. Install Node.js 18+ with npm (Debian: apt-get install -y nodejs npm)."
   local want; want=$(hash_files package.json package-lock.json)
   local stamp="$ROOT/node_modules/.servebook-lock"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -85,6 +85,7 @@ ensure_js() {
 }
 
 # Copy the files the pages load into vendor/site/_vendor/ (published at _build/html/_vendor/).
+# (scripts/build-book.sh adds the servebook wheel to _vendor/live/ after this.)
 vendor_js() {
   local nm="$ROOT/node_modules" out="$ROOT/vendor/site/_vendor"
   rm -rf "$out" && mkdir -p "$out/mathjax" "$out/requirejs" "$out/html-manager" "$out/widgets"
@@ -95,7 +96,14 @@ vendor_js() {
   cp "$nm/@jupyter-widgets/html-manager/package.json" "$out/html-manager/"
   cp "$ROOT/book/_ext/widgets-setup.js" "$out/widgets-setup.js"
   echo "Third-party widget modules would be looked up here; the book uses only ipywidgets' built-in ones (bundled in html-manager/embed-amd.js)." > "$out/widgets/README.txt"
-  for f in mathjax/es5/tex-chtml.js requirejs/require.js html-manager/embed-amd.js; do
+  # Pyodide (the "Run live" calculators, book/_ext/live_calculator.py): the runtime, its WebAssembly
+  # and the standard library; it carries no package wheels and the pages never load any from elsewhere.
+  mkdir -p "$out/pyodide" "$out/live"
+  for f in pyodide.mjs pyodide.asm.mjs pyodide.asm.wasm python_stdlib.zip pyodide-lock.json package.json; do
+    cp "$nm/pyodide/$f" "$out/pyodide/" || die "node_modules/pyodide/$f is missing; run npm ci (package.json pins pyodide)"
+  done
+  cp "$ROOT/book/_ext/live/servebook-live.js" "$ROOT/book/_ext/live/servebook-live.css" "$out/live/"
+  for f in mathjax/es5/tex-chtml.js requirejs/require.js html-manager/embed-amd.js pyodide/pyodide.asm.wasm live/servebook-live.js; do
     [ -s "$out/$f" ] || die "vendored file $out/$f is missing after npm ci; check package.json"
   done
 }

@@ -61,4 +61,15 @@ check_port                                   # fail before a long build, not aft
 bash "$ROOT/scripts/build-book.sh"
 check_port                                   # something may have taken it meanwhile
 say "serving $ROOT/_build/html on http://127.0.0.1:$PORT/ (Ctrl-C to stop)"
-exec "$VENV/bin/python" -m http.server "$PORT" --bind 127.0.0.1 --directory "$ROOT/_build/html"
+# Python's http.server, with the two types the "Run live" calculators need set explicitly (its
+# defaults come from the machine's /etc/mime.types, which may lack them): Pyodide's .wasm must be
+# application/wasm (WebAssembly streaming compilation refuses any other type) and its .mjs modules
+# a JavaScript type. GitHub Pages serves .wasm as application/wasm and .mjs as JavaScript too.
+exec "$VENV/bin/python" -c '
+import functools, http.server, sys
+class Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".wasm": "application/wasm", ".mjs": "text/javascript"}
+handler = functools.partial(Handler, directory=sys.argv[2])
+http.server.test(HandlerClass=handler, ServerClass=http.server.ThreadingHTTPServer, port=int(sys.argv[1]), bind="127.0.0.1")
+' "$PORT" "$ROOT/_build/html"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the book into _build/html (no server). The one build step shared by scripts/book.sh,
 # scripts/test.sh and .github/workflows/publish.yml:
-#   .venv + requirements.txt, `npm ci` + vendored JavaScript, then
+#   .venv + requirements.txt, `npm ci` + vendored JavaScript (and Pyodide), the servebook wheel, then
 #   jupyter-book build -W -n --keep-going .   (any warning or failing notebook fails the build)
 # Notebooks run at build time with a cache (_build/.jupyter_cache). Cached outputs are stale when the
 # library, the configuration, the requirements or the recorded GPU data (labs/results) change, so a stamp of those inputs is kept in
@@ -41,8 +41,29 @@ clear_stale_cache() {
   echo "$now" > "$stamp"
 }
 
+# The servebook wheel the "Run live" calculators install in the browser (pure Python, py3-none-any),
+# next to the vendored Pyodide: vendor/site/_vendor/live/ (published at _build/html/_vendor/live/),
+# with manifest.json naming it for servebook-live.js. Built from a copy of the sources, so the
+# checkout gets no build/ or egg-info folder; no network (the venv's setuptools, no isolation).
+build_live_wheel() {
+  local out="$ROOT/vendor/site/_vendor/live" tmp
+  tmp=$(mktemp -d)
+  cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$tmp/"
+  (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' -cf - src) | (cd "$tmp" && tar -xf -)
+  "$VENV/bin/python" -m pip wheel --no-deps --no-build-isolation --no-index -q -w "$tmp/dist" "$tmp" \
+    || { rm -rf "$tmp"; die "could not build the servebook wheel for the Run-live calculators (see above)"; }
+  mkdir -p "$out"
+  rm -f "$out"/servebook-*.whl
+  local wheel; wheel=$(cd "$tmp/dist" && ls servebook-*-py3-none-any.whl)
+  cp "$tmp/dist/$wheel" "$out/"
+  printf '{"wheel": "%s"}\n' "$wheel" > "$out/manifest.json"
+  rm -rf "$tmp"
+  say "Run-live wheel: _vendor/live/$wheel ($(du -k "$out/$wheel" | cut -f1) KB)"
+}
+
 build() {
   clear_stale_cache
+  build_live_wheel
   local log=_build/build.log rc=0
   # The kernel ("python3") must be this venv's Python: put it first on PATH.
   PATH="$VENV/bin:$PATH" "$VENV/bin/jupyter-book" build -W -n --keep-going . 2>&1 | tee "$log" || rc=$?

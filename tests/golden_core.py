@@ -6,7 +6,9 @@ commit the outputs came from. ``tests/test_golden_core.py`` re-runs the cases on
 and asserts the same text, character for character.
 
 The fixture was first written at commit 516197f (numpy in every step-model, fleet, speculation
-and simulator module), before those modules were made to run on the standard library alone.
+and simulator module), before those modules were made to run on the standard library alone, and
+re-recorded from main's numpy code when main was merged into the numpy-free branch (the commit is
+in the fixture's ``generated_at``).
 
 To re-record it from another tree that still has the numpy code (e.g. main before the numpy-free
 branch is merged), export that tree's ``src`` and point PYTHONPATH at it::
@@ -76,6 +78,9 @@ CLI_CASES: dict[str, list[str]] = {
     "fleet deepseek-v2-lite mla": ["fleet", "--config", "deepseek-v2-lite", "--gpu", "h200", "--gpus", "1",
                                    "--requests", "20000", "--input-tokens", "800", "--output-tokens", "300", "--json"],
     "fleet compare-draft": ["fleet", "--compare-draft"],
+    "fleet gemma-3-27b finite job": ["fleet", "--config", "gemma-3-27b", "--gpu", "h200", "--gpus", "1", "--requests",
+                                     "600", "--input-tokens", "750", "--input-cv", "0.5", "--output-tokens", "260",
+                                     "--output-cv", "0.5", "--max-num-seqs", "256", "--finite-job", "--json"],
     "simulate stand-in": ["simulate", "--requests", "400", "--json"],
     "simulate stand-in steps": ["simulate", "--requests", "20", "--json", "--steps"],
     "simulate stand-in text": ["simulate", "--requests", "300", "--rate", "5", "--lengths", "alpaca-like"],

@@ -119,6 +119,6 @@ def test_ray_command_refuses_before_importing_ray(tmp_path):
                            str(tmp_path / "out.jsonl"), "--model", "never-loaded", "--address", "10.0.0.1:6379"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "400 input lines cannot run; no engine was started" in proc.stderr
+    assert "400 of 401 input lines cannot run; no engine was started. Fix them, or pass --skip-invalid" in proc.stderr
     assert f"{bad} lines 1-400 (400 lines): unknown" in proc.stderr
     assert "ray[data]" not in proc.stderr and "Traceback" not in proc.stderr

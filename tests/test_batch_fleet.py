@@ -75,7 +75,8 @@ def test_run_on_ray_reports_bad_lines_before_needing_ray(tmp_path):
     with pytest.raises(ServebookError) as err:
         ray_data.run_on_ray(src, tmp_path / "out.jsonl", model="m")
     text = str(err.value)
-    assert text.startswith("2 input lines cannot run; no engine was started")
+    assert text.startswith("2 of 3 input lines cannot run; no engine was started. Fix them, or pass "
+                           f"skip_invalid=True to run the rest (the bad lines then go to {tmp_path}/out.jsonl.rejected.jsonl)")
     assert f"{src}:2: missing \"id\"" in text and f"{src}:3: duplicate id, first used on line 1" in text
     assert not (tmp_path / "out.jsonl").exists()
 

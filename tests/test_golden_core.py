@@ -14,27 +14,46 @@ import golden_core
 
 GOLDEN = json.loads(golden_core.FIXTURE.read_text())
 
-#: The one printed number allowed to move, and why. ``fleet``'s mean running context is a dot
-#: product over a 32,768-point length distribution; numpy computed it with BLAS (``np.dot``), whose
-#: order of additions and fused multiply-adds depend on the CPU and thread count, so its last digit
-#: was never the same on every machine. It is now the correctly rounded sum (``math.fsum``); with
-#: fixed lengths (every other fleet case) the terms are exact and nothing moves at all.
-BLAS_DOT = {("fleet gpt-oss-120b mla-free moe", "mean_running_context_tokens"),
-            ("fleet qwen3-30b cv", "mean_running_context_tokens")}
+#: The cases allowed to move in their last digits, and why. They plan from a length distribution
+#: (``--input-cv``/``--output-cv``: 32,768 weighted contexts), whose weighted means numpy took with
+#: BLAS (``np.dot``); BLAS's order of additions and fused multiply-adds depend on the CPU and thread
+#: count, so those digits were never the same on every machine. The means are now correctly rounded
+#: (``math.fsum``): the mean running context moves by one unit in the last place, and where a sliding
+#: window caps it (gemma-3-27b) the step time and what follows from it by a few. Counts, strings and
+#: every other case (fixed lengths: exact terms) must match exactly.
+BLAS_DOT = {"fleet gpt-oss-120b mla-free moe", "fleet qwen3-30b cv", "fleet gemma-3-27b finite job"}
+BLAS_DOT_REL = 2e-15  # about 10 units in the last place
+
+
+def _same_up_to_last_digits(old, new, path=""):
+    if isinstance(old, dict):
+        assert sorted(old) == sorted(new), path
+        for k in old:
+            _same_up_to_last_digits(old[k], new[k], f"{path}.{k}")
+    elif isinstance(old, list):
+        assert len(old) == len(new), path
+        for i, (a, b) in enumerate(zip(old, new)):
+            _same_up_to_last_digits(a, b, f"{path}[{i}]")
+    elif isinstance(old, float):
+        assert type(new) is float and new == pytest.approx(old, rel=BLAS_DOT_REL, abs=0), path
+    else:
+        assert new == old, path
 
 
 @pytest.mark.parametrize("name", sorted(golden_core.CLI_CASES))
 def test_cli_prints_what_it_printed(name):
     now = golden_core.cli_output(golden_core.CLI_CASES[name])
-    moved = {key for case, key in BLAS_DOT if case == name}
-    if not moved:
+    if name not in BLAS_DOT:
         assert now == GOLDEN["cli"][name]
-        return
-    old, new = json.loads(GOLDEN["cli"][name]), json.loads(now)
-    for key in moved:
-        assert new[key] == pytest.approx(old[key], rel=4e-16, abs=0), key  # within 2 units in the last place
-        new[key] = old[key]
-    assert json.dumps(new) == json.dumps(old)
+    else:
+        _same_up_to_last_digits(json.loads(GOLDEN["cli"][name]), json.loads(now))
+
+
+def test_the_allowance_is_needed_and_small():
+    """The allowance is in use: at least one allowed case does move (by how much: the test above)."""
+    moved = [name for name in sorted(BLAS_DOT)
+             if golden_core.cli_output(golden_core.CLI_CASES[name]) != GOLDEN["cli"][name]]
+    assert moved, "no allowed case moves: drop the allowance"
 
 
 def test_library_calls_return_what_they_returned():

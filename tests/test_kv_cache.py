@@ -18,6 +18,7 @@ from servebook.kv_cache import (
     kv_cache_layout,
     kv_dtype_bytes,
     min_kv_bytes_for_one_request,
+    running_concurrency,
 )
 from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
 
@@ -171,6 +172,36 @@ def gemma3_27b_like():
     return make_spec(
         [full(kv=16) if (i + 1) % 6 == 0 else sliding(1024, kv=16) for i in range(62)], heads=32
     )
+
+
+def test_running_all_sliding_model_holds_its_window_not_the_booked_tokens():
+    # Mistral-7B-like, on CUDA: booked 1281 blocks per request (above); a running request holds
+    # cdiv(4096 + 2 - 2, 16) + 1 = 257 of them whatever its length past the window.
+    spec = make_spec([sliding(4096) for _ in range(32)])
+    cap = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cuda")
+    run = running_concurrency(cap, 32768)
+    assert run.blocks_per_request == 257
+    assert run.max_running == (cap.num_gpu_blocks - 1) // 257
+    # A request shorter than the window holds only its own blocks: cdiv(1000, 16) = 63.
+    assert running_concurrency(cap, 1000).blocks_per_request == 63
+    # On CPU (no async scheduling) one unsettled token: cdiv(4095, 16) + 1 = 257 as well.
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu", block_size=16)
+    assert running_concurrency(cpu, 32768).blocks_per_request == 257
+
+
+def test_running_full_attention_equals_the_admission_figure_but_for_the_null_block():
+    cap = capacity(LLAMA_8B, 10 * GIB, max_model_len=8192, max_num_batched_tokens=8192)
+    run = running_concurrency(cap, 8192)
+    assert run.blocks_per_request == cap.blocks_per_request == 512
+    assert run.usable_blocks == cap.num_gpu_blocks - 1
+    assert run.max_running == (cap.num_gpu_blocks - 1) // 512
+
+
+@pytest.mark.parametrize("tokens, words", [(0, "positive"), (-3, "positive"), (8193, "exceed max_model_len 8192")])
+def test_running_concurrency_refuses_impossible_lengths(tokens, words):
+    cap = capacity(LLAMA_8B, 10 * GIB, max_model_len=8192, max_num_batched_tokens=8192)
+    with pytest.raises(ServebookError, match=words):
+        running_concurrency(cap, tokens)
 
 
 def test_gemma3_27b_pads_8_layers_and_warns_15_38_percent():
@@ -398,10 +429,9 @@ def test_requests_that_fit_count_whole_blocks():
     assert requests_that_fit(2048, 640, 16) == 51
     assert requests_that_fit(2048, 641, 16) == 49
     # The knee the lab recorded on the H200 (measurements.predicted_knee), from its own workload.
-    import json
-    from pathlib import Path
+    from servebook.lab.recorded import load_l3
 
-    m = json.loads((Path(__file__).resolve().parents[1] / "labs/results/labs/l3_preemption_gpu.json").read_text())
+    m = load_l3()
     w = m["measurements"]["workload"]
     assert requests_that_fit(w["num_gpu_blocks_override"], w["input_len"] + w["output_len"],
                              m["measurements"]["block_size"]) == m["measurements"]["predicted_knee"]
@@ -409,3 +439,21 @@ def test_requests_that_fit_count_whole_blocks():
     for bad in ((0, 640, 16), (2048, 0, 16), (2048, 640, 0), (2048.0, 640, 16)):
         with pytest.raises(ServebookError, match="integers >= 1"):
             requests_that_fit(*bad)
+
+
+def test_running_concurrency_matches_the_h200_gemma3_run_of_issue_20():
+    """Issue 20's measurement (one H200, vLLM 0.26.0, Gemma-3-27B shape, max_model_len 16384):
+    the log said 8.54x for 16,384-token requests; 96 requests of 6,000 + 256 tokens ran 77 at once
+    with 0 preemptions. Any pool the log's 8.54x allows predicts 78 (admitting the 78th needs its
+    whole 6,000-token prompt free in every group, which is why one fewer ran)."""
+    from servebook.hf_config import load_model_spec
+
+    spec = load_model_spec("gemma-3-27b")
+    layout = kv_cache_layout(spec)
+    admission = 1024 + 6 * 1025                      # see test_plan_cli: 16384/16 + 6 x (1024 + 1)
+    for blocks in (int(8.535 * admission) + 1, int(8.545 * admission)):   # every pool that logs 8.54x
+        cap = capacity(spec, blocks * layout.bytes_per_block, max_model_len=16384, max_num_batched_tokens=8192)
+        assert round(cap.max_concurrency, 2) == 8.54
+        run = running_concurrency(cap, 6000 + 256)
+        assert run.blocks_per_request == 391 + 6 * 65
+        assert run.max_running == 78 and abs(run.max_running - 77) <= 1

@@ -19,7 +19,9 @@ from servebook.lab.errors import LabError
 from servebook.lab.split import part_name, part_paths, selected, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-L3 = ROOT / "labs" / "results" / "labs" / "l3_preemption_gpu.json"
+# Lab 3's first GPU run, one file for the whole sweep (replaced by two part files, kept in raw/).
+L3 = ROOT / "labs" / "results" / "raw" / "l3_preemption_gpu-2026-11-30.json"
+RECORDED = ROOT / "labs" / "results" / "labs"
 VAR = "SERVEBOOK_LAB_L3_MAX_NUM_SEQS"
 SWEPT = [16, 48, 128, 256]
 
@@ -170,11 +172,31 @@ def test_a_skipped_value_is_listed_and_the_earliest_measurement_wins(tmp_path):
     assert merged["measurements"]["points"][0]["output_throughput"] > 1.0
 
 
-def test_the_single_recorded_file_loads_unchanged():
+def test_a_single_file_for_the_whole_sweep_loads_unchanged(tmp_path):
+    (tmp_path / "l3_preemption_gpu.json").write_text(L3.read_text())
     whole = R.load_recorded(L3, lab="l3_preemption")
-    view = R.load_l3()
+    view = R.load_l3(tmp_path)
     assert view["measurements"] == whole["measurements"]
     assert set(view["files"].values()) == {"l3_preemption_gpu.json"}
+
+
+def test_the_recorded_parts_name_their_part_and_merge_into_the_whole_sweep():
+    parts = part_paths("l3_preemption", RECORDED)
+    assert [p.name for p in parts] == ["l3_preemption_128_256_gpu.json", "l3_preemption_16_48_gpu.json"]
+    assert {json.loads(p.read_text())["lab"] for p in parts} == {"l3_preemption_16_48", "l3_preemption_128_256"}
+    view = R.load_l3()
+    assert view["lab"] == "l3_preemption" and view["not_measured"] == []
+    assert [p["max_num_seqs"] for p in view["measurements"]["points"]] == SWEPT
+    assert view["files"][16] == view["files"][48] == "l3_preemption_16_48_gpu.json"
+    assert view["files"][128] == view["files"][256] == "l3_preemption_128_256_gpu.json"
+
+
+def test_a_part_whose_lab_does_not_match_its_file_name_is_refused(tmp_path):
+    doc = json.loads((RECORDED / "l3_preemption_16_48_gpu.json").read_text())
+    doc["lab"] = "l3_preemption_128_256"
+    (tmp_path / "l3_preemption_16_48_gpu.json").write_text(json.dumps(doc))
+    with pytest.raises(LabError, match="holds lab 'l3_preemption_128_256'.*part 'l3_preemption_16_48'"):
+        R.load_l3(tmp_path)
 
 
 def test_no_file_or_only_skipped_points_say_what_to_do(tmp_path):

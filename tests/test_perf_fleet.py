@@ -78,6 +78,25 @@ def test_draft_formula_reproduces_its_printed_table():
     assert (round(d["prefill_hours"], 1), round(d["decode_hours"], 1), round(d["requests_per_s"], 1)) == (580.5, 331.0, 3.0)
 
 
+def test_draft_scenarios_reproduce_every_row_of_its_printed_table():
+    """All five rows of the draft's 6.22 table (prefill h, decode h, total h, req/s), typed from its text;
+    the corrections appendix prints these scenarios (moved here from the fleet-plan notebook)."""
+    from servebook.draft.fleet import DRAFT_JOB, DRAFT_SCENARIOS
+
+    printed = {"26B-A4B MoE, 8 GPU, batch 48": (74.9, 481.2, 556.1, 5.0),
+               "26B-A4B MoE, 8 GPU, batch 48, spec": (74.9, 185.1, 260.0, 10.7),
+               "31B dense, 8 GPU, batch 32": (580.5, 860.7, 1441.1, 1.9),
+               "31B dense, 8 GPU, batch 32, spec": (580.5, 331.0, 911.5, 3.0),
+               "26B-A4B MoE, 64 GPU, batch 48": (9.4, 60.2, 69.5, 40.0)}
+    assert [s[0] for s in DRAFT_SCENARIOS] == list(printed)
+    requests, n_in, n_out = DRAFT_JOB
+    for label, _, active_b, total_b, gpus, batch, accept in DRAFT_SCENARIOS:
+        d = draft_estimate(requests, n_in, n_out, active_params=active_b * 1e9, total_params=total_b * 1e9,
+                           gpus=gpus, batch=batch, accept_rate=accept)
+        got = (d["prefill_hours"], d["decode_hours"], d["hours"], d["requests_per_s"])
+        assert got == pytest.approx(printed[label], abs=0.051), label
+
+
 def test_decode_fit_check_names_the_limit():
     with pytest.raises(DoesNotFitError, match="at most .* sequences fit"):
         check_decode_fits(LLAMA, "h200", batch=4096, context_tokens=16000)
@@ -115,3 +134,16 @@ def test_draft_comparison_names_the_prefill_terms_by_hand():
     # the terms are the whole prefill share of the step, so their hours add up to our prefill hours
     assert sum(ours["prefill_step_terms_s"].values()) * steps / 3600 == pytest.approx(ours["prefill_hours"])
     assert "rather than the assumed" not in moe["why"]
+
+
+def test_fleet_holds_running_sliding_windows_by_hand():
+    # Gemma 3 27B: 10 full layers keep every token, 52 sliding layers (window 1024) keep what vLLM's
+    # remove_skipped_blocks leaves a decoding request on CUDA: 1024 / 16 + 1 = 65 blocks of 16 tokens.
+    from servebook.hf_config import load_model_spec
+
+    gemma = load_model_spec("gemma-3-27b")
+    per_layer_token = 2 * 16 * 128 * 2           # K+V x 16 KV heads x head_dim 128 x bf16
+    assert kv_bytes_per_sequence(gemma, 6256, running=True) == \
+        (10 * 6256 + 52 * 65 * 16) * per_layer_token
+    # the admission booking with 2 x 8192 tokens in flight counts the whole context in every layer
+    assert kv_bytes_per_sequence(gemma, 6256, sliding_extra_tokens=16384) == 62 * 6256 * per_layer_token

@@ -32,14 +32,19 @@ def test_llama_8b_from_a_logged_budget_by_hand(capsys):
     assert d["available_kv_gib"] == 100.0
     # 8.03 B parameters in bf16 (Hub figure) ~ 14.96 GiB
     assert d["weights_gib"] == pytest.approx(8.03e9 * 2 / GIB, rel=0.01)
-    # 85% of a 100-request ceiling
-    assert d["recommended_max_num_seqs"] == 85
+    # Full attention: running requests of 8192 tokens hold 512 blocks each, as booked; vLLM keeps one
+    # block (its null block) out of the pool: 51199 // 512 = 99 run at once, and 85% of 99 is 84.15.
+    assert d["request_tokens"] == 8192
+    assert d["running_blocks_per_request"] == d["admission_blocks_per_request"] == 512
+    assert d["usable_gpu_blocks"] == 51199
+    assert d["running_concurrency"] == 99
+    assert d["recommended_max_num_seqs"] == 84
     # H200 is the default GPU: vllm serve defaults there are 8192 tokens / 1024 sequences.
     assert d["max_num_batched_tokens"] == 8192
 
 
 def test_recommended_max_num_seqs_never_exceeds_what_the_cache_holds(capsys):
-    # 1.2 full-length requests fit: 85% -> 1, the ceiling is 1.
+    # 1.2 full-length requests fit: 85% -> 1, the run-time figure is 1.
     one_request = 128 * 1024 * 8192 / GIB  # GiB for one 8192-token request
     d = plan_json(capsys, "--config", "llama-3.1-8b", "--available-kv-gib", f"{1.2 * one_request}", "--max-model-len", "8192")
     assert d["max_concurrency"] == pytest.approx(1.2, abs=0.01)
@@ -96,7 +101,7 @@ def test_table_shows_the_four_claims_and_the_flags(capsys):
     assert main(["plan", "--config", "llama-3.1-8b", "--gpu", "H200", "--max-model-len", "8192"]) == 0
     out = capsys.readouterr().out
     for label in ("weights", "peak activation", "non-torch", "CUDA graphs", "available KV cache",
-                  "concurrency ceiling", "--max-num-seqs", "vllm serve"):
+                  "admission ceiling (logged)", "running at once", "--max-num-seqs", "vllm serve"):
         assert label in out
 
 
@@ -190,3 +195,65 @@ def test_the_budget_says_what_its_coefficients_rest_on(capsys):
     assert "fitted on " in out
     # The TP>1 non-torch figure is flagged as a guess exactly when no TP>1 start-up was fitted.
     assert ("prior guess: no TP>1 start-up recorded" in out) == load_coefficients().tp_gt1_non_torch_is_prior
+
+
+# ---- the two concurrency figures (issue 20): admission bound vs requests that run at once -------------
+
+def _gemma3_27b_by_hand():
+    """Gemma 3 27B's layer counts and KV shape, read from its published config.json (not from servebook)."""
+    from servebook.shipped import MODELS_DIR
+
+    cfg = json.loads((MODELS_DIR / "gemma-3-27b.json").read_text())
+    text = cfg.get("text_config", cfg)
+    n = text["num_hidden_layers"]
+    pattern = text.get("sliding_window_pattern", 6)          # every 6th layer is global
+    full = sum(1 for i in range(n) if (i + 1) % pattern == 0)
+    bytes_per_layer_token = 2 * text["num_key_value_heads"] * text["head_dim"] * 2   # K+V, bf16
+    return n - full, full, text["sliding_window"], bytes_per_layer_token
+
+
+def test_gemma3_27b_running_concurrency_by_hand(capsys):
+    sliding, full, window, layer_token_bytes = _gemma3_27b_by_hand()
+    assert (sliding, full, window) == (52, 10, 1024)
+    # vLLM groups 10 layers per block table: 52 sliding layers -> cdiv(52, 10) = 6 groups, 10 full -> 1.
+    # One block id costs 10 layers x 16 tokens x bytes per layer-token.
+    block_bytes = 10 * 16 * layer_token_bytes
+    blocks = 80_000
+    d = plan_json(capsys, "--config", "gemma-3-27b", "--available-kv-gib", repr(blocks * block_bytes / GIB),
+                  "--max-model-len", "16384", "--request-tokens", "6256")
+    assert d["num_gpu_blocks"] == blocks
+    # Admission (logged): the full group books 16384 / 16 = 1024 blocks; each sliding group
+    # min(1023 + 2 x 8192 in flight, 16384) -> 1024 blocks + 1 = 1025. 1024 + 6 x 1025 = 7174.
+    assert d["admission_blocks_per_request"] == 7174
+    assert d["max_concurrency"] == blocks / 7174
+    # Running, 6256 tokens: the full group holds cdiv(6256, 16) = 391 blocks; a sliding group frees what
+    # left the window and holds cdiv(1024 + 2 - 2, 16) + 1 = 65 (async scheduling: 2 unsettled tokens).
+    assert d["running_blocks_per_request"] == 391 + 6 * 65 == 781
+    assert d["running_concurrency"] == (blocks - 1) // 781 == 102
+    assert d["recommended_max_num_seqs"] == int(0.85 * 102) == 86
+    assert d["running_concurrency"] > 9 * d["max_concurrency"]
+    assert d["watch_metrics"] == ["vllm:kv_cache_usage_perc", "vllm:num_preemptions"]
+    assert "admission" in d["concurrency_note"]
+
+
+def test_request_tokens_defaults_to_max_model_len(capsys):
+    d = plan_json(capsys, "--config", "gemma-3-27b", "--available-kv-gib", "60", "--max-model-len", "16384")
+    e = plan_json(capsys, "--config", "gemma-3-27b", "--available-kv-gib", "60", "--max-model-len", "16384",
+                  "--request-tokens", "16384")
+    assert d["request_tokens"] == 16384 and d == e
+    # at full length the full group holds all 1024 blocks; the six sliding groups still 65 each
+    assert d["running_blocks_per_request"] == 1024 + 6 * 65
+
+
+def test_table_names_both_figures_and_what_to_watch(capsys):
+    assert main(["plan", "--config", "gemma-3-27b", "--max-model-len", "16384", "--request-tokens", "6256"]) == 0
+    out = capsys.readouterr().out
+    assert "admission ceiling (logged)" in out and "running at once" in out and "6,256 tokens" in out
+    assert "vllm:kv_cache_usage_perc" in out and "vllm:num_preemptions" in out
+
+
+@pytest.mark.parametrize("value, words", [("0", "out of range"), ("-5", "out of range"),
+                                          ("20000", "exceeds --max-model-len 16384")])
+def test_bad_request_tokens_say_what_to_change(capsys, value, words):
+    err = plan_error(capsys, "--config", "gemma-3-27b", "--max-model-len", "16384", "--request-tokens", value)
+    assert words in err and "--request-tokens" in err

@@ -23,24 +23,38 @@ RESULTS = ROOT / "labs" / "results" / "labs"
 LABS = ["l1_memory_budget", "l2_paged_continuous", "l3_preemption", "l4_fp8_kv", "l5_chunked_prefill",
         "l6_prefix_caching"]
 RAW = ROOT / "labs" / "results" / "raw"
-#: Labs 2 and 4 were re-recorded with distinct prompts on 2026-12-01; the others are the first run.
-DATES = {lab: "2026-12-01" if lab in ("l2_paged_continuous", "l4_fp8_kv") else "2026-11-30" for lab in LABS}
+#: Labs 2-4 were re-recorded with distinct prompts on 2026-12-01; the others are the first run.
+RERECORDED = ("l2_paged_continuous", "l3_preemption", "l4_fp8_kv")
+DATES = {lab: "2026-12-01" if lab in RERECORDED else "2026-11-30" for lab in LABS}
+#: Lab 3's sweep is recorded in two part files (two device calls), in --max-num-seqs order.
+L3_PARTS = ("l3_preemption_16_48_gpu.json", "l3_preemption_128_256_gpu.json")
 
 
 def raw(lab: str) -> dict:
-    return json.loads((RESULTS / f"{lab}_gpu.json").read_text())
+    """The recorded file as JSON; Lab 3's two part files joined by hand (first file's header, all points)."""
+    if lab != "l3_preemption":
+        return json.loads((RESULTS / f"{lab}_gpu.json").read_text())
+    first, second = (json.loads((RESULTS / name).read_text()) for name in L3_PARTS)
+    first["lab"] = "l3_preemption"
+    first["measurements"]["points"] += second["measurements"]["points"]
+    return first
+
+
+def rendered(lab: str) -> dict:
+    """What the book renders for ``lab`` (Lab 3: its parts merged by ``load_l3``)."""
+    return R.load_l3() if lab == "l3_preemption" else R.load_recorded(RESULTS / f"{lab}_gpu.json", lab=lab)
 
 
 @pytest.fixture(scope="module")
 def docs() -> dict:
-    return {lab: R.load_recorded(RESULTS / f"{lab}_gpu.json", lab=lab) for lab in LABS}
+    return {lab: rendered(lab) for lab in LABS}
 
 
 # ---- provenance -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("lab", LABS)
 def test_recorded_file_has_provenance_of_the_h200_run(lab):
-    doc = R.load_recorded(R.recorded_path(lab), lab=lab)
+    doc = rendered(lab)
     assert doc["schema"] == "servebook.lab/1" and doc["profile"] == "gpu"
     assert doc["gpu"]["name"] == "NVIDIA H200" and doc["gpu"]["count"] == 1 and doc["gpu"]["driver"]
     assert doc["vllm_version"] == "0.26.0"          # the lent GPU runs 0.26.0, not the book's 0.27.1
@@ -287,7 +301,8 @@ def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
     note = lab_note(lab)
     assert "Not yet recorded" not in note
     assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
-    assert "<recorded_results>" in note and f"{lab}_gpu.json" in note
+    files = L3_PARTS if lab == "l3_preemption" else (f"{lab}_gpu.json",)
+    assert "<recorded_results>" in note and all(f in note for f in files)
 
 
 def test_lab_notes_headline_numbers_match_the_files():
@@ -367,24 +382,23 @@ def _logged_rates(measurements) -> list[float]:
 
 
 def test_first_runs_of_labs_2_to_4_hit_the_prefix_cache_with_their_random_prompts():
-    # the caveat the book prints: read here straight from the raw logs with a plain split. Lab 3's
-    # rendered file is still its first run; Labs 2 and 4's first runs are kept in raw/.
+    # the caveat the results page prints: read here straight from the raw logs with a plain split.
+    # The first runs of Labs 2-4 are kept in raw/.
     from servebook.lab.recorded import engine_logs, logged_prefix_hit_pct
 
-    firsts = {"l3_preemption": raw("l3_preemption"),
-              "l2_paged_continuous": json.loads((RAW / "l2_paged_continuous_gpu-2026-11-30.json").read_text()),
-              "l4_fp8_kv": json.loads((RAW / "l4_fp8_kv_gpu-2026-11-30.json").read_text())}
+    firsts = {lab: json.loads((RAW / f"{lab}_gpu-2026-11-30.json").read_text()) for lab in RERECORDED}
     for lab, doc in firsts.items():
         assert doc["date"].startswith("2026-11-30"), lab
         m = doc["measurements"]
         assert logged_prefix_hit_pct(engine_logs(m)) == max(_logged_rates(m)) > 30
 
 
-def test_rerecorded_labs_2_and_4_had_distinct_prompts():
+def test_rerecorded_labs_2_to_4_had_distinct_prompts():
     # every vllm bench serve load of the new files: hits / queries from the counters, by hand
-    for lab, n_loads in (("l2_paged_continuous", 1), ("l4_fp8_kv", 2)):
+    for lab, n_loads in (("l2_paged_continuous", 1), ("l3_preemption", 4), ("l4_fp8_kv", 2)):
         m = raw(lab)["measurements"]
-        benches = [m["vllm"]] if lab.startswith("l2") else [e["bench"] for e in m["engines"].values()]
+        benches = ([m["vllm"]] if lab.startswith("l2") else [p["bench"] for p in m["points"]] if lab.startswith("l3")
+                   else [e["bench"] for e in m["engines"].values()])
         loads = [b["prefix_cache"] for b in benches]
         assert len(loads) == n_loads and R.bench_prefix_caches(m) == loads
         for b, pc in zip(benches, loads):
@@ -397,14 +411,15 @@ def test_rerecorded_labs_2_and_4_had_distinct_prompts():
 
 def test_previous_recordings_are_named_explicitly_and_dated():
     assert R.PREVIOUS_RECORDINGS == {"l2_paged_continuous": "l2_paged_continuous_gpu-2026-11-30.json",
+                                     "l3_preemption": "l3_preemption_gpu-2026-11-30.json",
                                      "l4_fp8_kv": "l4_fp8_kv_gpu-2026-11-30.json"}
     for lab in R.PREVIOUS_RECORDINGS:
         path = R.previous_path(lab)
         assert path == RAW / f"{lab}_gpu-2026-11-30.json"
         doc = R.load_recorded(path, lab=lab)
         assert doc["date"][:10] == "2026-11-30" < raw(lab)["date"][:10]    # the rendered one is newer
-    with pytest.raises(LabError, match="'l3_preemption' has not been re-recorded"):
-        R.previous_path("l3_preemption")
+    with pytest.raises(LabError, match="'l1_memory_budget' has not been re-recorded"):
+        R.previous_path("l1_memory_budget")
 
 
 def test_recording_changes_recomputed_by_hand():

@@ -18,9 +18,11 @@ from servebook.model_spec import AttentionLayer
 from servebook.vllm_rules import (
     check_tp,
     cudagraph_max_tokens,
+    decode_unsettled_tokens,
     in_flight_tokens,
     kv_heads_per_gpu,
     sliding_window_hold_tokens,
+    sliding_window_running_blocks,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servebook"
@@ -77,6 +79,44 @@ def test_sliding_window_hold_and_in_flight_tokens():
     # window 4096, async scheduling on, 8192 tokens per step: 4095 + 2 x 8192
     assert sliding_window_hold_tokens(4096, in_flight_tokens(8192, True)) == 4095 + 16384
     assert in_flight_tokens(2048, False) == 2048
+
+
+def _live_blocks_while_decoding(window: int, block_size: int, unsettled: int, tokens: int) -> int:
+    """Step a request through decode the way vLLM 0.27.1's allocate_slots does, and return its peak.
+
+    At each step with processed prefix p: remove_skipped_blocks frees the whole blocks below
+    p - window + 1; allocate_new_blocks extends the table to cdiv(p + unsettled, block_size).
+    """
+    table = 0      # blocks in the request's table (freed ones stay as null placeholders)
+    freed = 0
+    peak = 0
+    for p in range(0, tokens - unsettled + 1):
+        freed = max(freed, max(0, p - window + 1) // block_size)
+        table = max(table, -(-(p + unsettled) // block_size))
+        peak = max(peak, table - freed)
+    return peak
+
+
+@pytest.mark.parametrize("window, block, unsettled", [(1024, 16, 2), (1024, 16, 1), (4096, 16, 2), (17, 16, 1),
+                                                      (128, 16, 2), (256, 128, 1), (100, 32, 3)])
+def test_sliding_window_running_blocks_is_the_peak_of_a_stepped_request(window, block, unsettled):
+    assert sliding_window_running_blocks(window, block, unsettled) == \
+        _live_blocks_while_decoding(window, block, unsettled, tokens=window + 5 * block)
+
+
+def test_running_hold_is_window_over_block_plus_one_not_the_booked_window_plus_in_flight():
+    # Gemma 3: window 1024, 16-token blocks, async scheduling (one step in flight + the new token).
+    assert decode_unsettled_tokens(True) == 2 and decode_unsettled_tokens(False) == 1
+    assert decode_unsettled_tokens(True, query_tokens=4) == 8      # 3 speculative tokens per step
+    assert sliding_window_running_blocks(1024, 16, 2) == 1024 // 16 + 1 == 65
+    booked = -(-sliding_window_hold_tokens(1024, in_flight_tokens(8192, True)) // 16) + 1
+    assert booked == 1089 > 16 * 65
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, None])
+def test_sliding_window_running_blocks_refuses_non_positive_input(bad):
+    with pytest.raises(ServebookError, match="positive number of tokens"):
+        sliding_window_running_blocks(1024, 16, bad)
 
 
 def test_cudagraph_capture_size():

@@ -10,6 +10,13 @@
 #   SERVEBOOK_LAB_L9_CONFIGS=TP=2 bash labs/tools/run_labs_gpu.sh l9-dense   # only these configurations
 #   bash labs/tools/run_labs_gpu.sh l3a           # Lab 3, --max-num-seqs 16 and 48 only (SERVEBOOK_LAB_L3_MAX_NUM_SEQS)
 #   bash labs/tools/run_labs_gpu.sh l3b           # Lab 3, --max-num-seqs 128 and 256 only
+#   bash labs/tools/run_labs_gpu.sh e2e-plan      # end-to-end jobs: each job with fleet's predicted seconds
+#   bash labs/tools/run_labs_gpu.sh e2e-check     # end-to-end jobs: imports, vLLM, MoE kernels, the plan (~20 s)
+#   bash labs/tools/run_labs_gpu.sh e2e-a         # end-to-end jobs: llama-3.1-8b, qwen3-30b-a3b (one call each target)
+#   bash labs/tools/run_labs_gpu.sh e2e-b         # end-to-end jobs: qwen3-32b, mistral-7b-v0.1
+#   bash labs/tools/run_labs_gpu.sh e2e-c         # end-to-end jobs: deepseek-v2-lite, gpt-oss-20b
+#   bash labs/tools/run_labs_gpu.sh e2e-gemma     # end-to-end jobs: gemma-3-27b + the peak test (recorded 2026-12-01)
+#   SERVEBOOK_E2E_MODELS=qwen3-32b bash labs/tools/run_labs_gpu.sh e2e-a   # only these models
 #
 # On the lent H200 (see shared/gpu/README.md): install vLLM 0.26.0 with the four `run` calls of
 # its "Steps" section (core payload only: the labs use Llama-3.1-8B, no MoE), then ONE `run` call
@@ -49,6 +56,21 @@
 # it measured. Files under $OUT: l9_tp_vs_dp_<model>_gpu.json (schema servebook.lab/1: GPUs,
 # driver, vLLM version, config hash, every engine's flags and full log, per-request timings, the
 # predictions) and l9_dense.log / l9_moe.log (the lab's printed output).
+# End-to-end jobs (issue 20; servebook.lab.e2e_job, plan in src/servebook/data/e2e_jobs.toml): install
+# vLLM 0.26.0 WITH the MoE payload (step 3 of shared/gpu/README.md: qwen3-30b-a3b, deepseek-v2-lite and
+# gpt-oss-20b need it), then one `run` call per target, each at once after the previous one:
+#
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh e2e-a
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh e2e-b
+#   source /tmp/vllm_offline/env.sh && bash labs/tools/run_labs_gpu.sh e2e-c
+#
+# (`e2e-check` takes ~20 s: run it with the install's last call.) Each target is capped at 580 s
+# (LAB_TIMEOUT_S overrides it); SERVEBOOK_LAB_DEADLINE (start + cap - 15) makes it skip a model or a
+# job that cannot finish in time. Files under $OUT: e2e_<model>.json per model (schema servebook.e2e/1,
+# re-written after every job: wall time, tokens, per-request timestamps, peak running requests,
+# preemptions, prefix-cache hits, every engine step, the start-up KV figures, fleet's prediction, GPU,
+# driver, vLLM version, config hash, every engine flag) and <target>.log (the engines' output).
+# Copy the JSON files, unedited, to labs/results/e2e/.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${OUT:-$ROOT/labs/results/labs}
@@ -111,7 +133,53 @@ requests at once (512 in / 128 out). Measured on 2026-11-30: a configuration tak
   l9-moe    Qwen3-30B-A3B  TP=1, DP=2  365 s;  SERVEBOOK_LAB_L9_CONFIGS=TP=2,TP=2+EP ... l9-moe  448 s
   install (core + moe payloads, three calls) ~100 s with the start; all of it: 27 minutes of device
   time, most of one 30-minute session.
+
+End-to-end jobs (issue 20) on one H200, vLLM 0.26.0 with the MoE payload, random weights, CUDA graphs,
+max_num_seqs 256, max_num_batched_tokens 8192, gpu_memory_utilization 0.90, max_model_len 8192 (gemma
+16384); lognormal lengths, cv 0.5: long-prompt (in ~2000, out ~128) and long-output (in ~250, out ~600).
+Per model: one engine start (measured 2026-12-01: 105 s deepseek-v2-lite, 146 s gemma-3-27b, with
+imports), a warm-up, and its jobs; fleet's predicted seconds (steady state; the recorded jobs took
+1.4-2.1x these: jobs of <= 2 batches of requests are mostly ramp and drain):
+  e2e-a      llama-3.1-8b     long-prompt 256 req 14.0 s, long-output 512 req 18.4 s
+             qwen3-30b-a3b    long-prompt 384 req 16.3 s, long-output 384 req 20.9 s     ~420 s with starts
+  e2e-b      qwen3-32b        long-prompt  96 req 20.1 s, long-output 256 req 31.3 s
+             mistral-7b-v0.1  long-prompt 256 req 13.8 s, long-output 512 req 18.1 s     ~440 s with starts
+  e2e-c      deepseek-v2-lite long-prompt 512 req 15.7 s (recorded: 29.6 s), long-output 512 req 16.5 s
+             gpt-oss-20b      long-prompt 384 req 14.6 s, long-output 512 req 21.1 s     ~420 s with starts
+  e2e-gemma  gemma-3-27b      peak test 96 req x (6000 in + 256 out) at once 53.7 s (recorded: 61.4 s,
+             74 running, 0 preemptions), long-prompt 96 req 18.8 s (26.1 s), long-output 192 req 23.8 s
+             (49.3 s); recorded 2026-12-01 (labs/results/e2e/), re-record only with the others
+  Each call is capped at 580 s; `e2e-plan` prints these from the plan file. Still to record: e2e-a,
+  e2e-b, e2e-c, about 1,300 s of device time in three calls plus the install (core + moe payloads).
 PLAN
+}
+
+e2e_check() {
+  "$PY" - <<'PY'
+import sys, torch, vllm
+try:
+    import vllm._moe_C_stable_libtorch  # noqa: F401
+    moe = "loaded"
+except ImportError:
+    moe = "ABSENT: install the moe payload (shared/gpu/README.md step 3) before e2e-a / e2e-b"
+print("python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
+      "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-",
+      "| MoE kernels:", moe)
+PY
+  "$PY" -m servebook.lab.e2e_job check --target e2e-a && for t in e2e-b e2e-c e2e-gemma; do
+    "$PY" -m servebook.lab.e2e_job plan --target "$t" || return 1; done
+}
+
+run_e2e() {
+  local key=$1 cap=${LAB_TIMEOUT_S:-580} grace=10
+  mkdir -p "$OUT"
+  echo "=== $key (end-to-end jobs) start $(date -u +%FT%TZ)"
+  local t0=$SECONDS
+  export SERVEBOOK_LAB_DEADLINE=$(( $(date +%s) + cap - 15 ))
+  timeout --signal=INT --kill-after="$grace" "$cap" "$PY" -m servebook.lab.e2e_job run --target "$key" --out "$OUT"
+  local rc=$?
+  echo "=== $key exit $rc after $((SECONDS - t0)) s; results: $(ls "$OUT"/e2e_*.json 2>/dev/null | tr '\n' ' ' || echo MISSING)"
+  return "$rc"
 }
 
 check() {
@@ -149,7 +217,7 @@ PY
 run_lab() {
   local key=$1 file=${FILE[$1]:-}
   if [ -z "$file" ]; then
-    echo "unknown lab '$key'; use l1 l2 l3 l3a l3b l4 l5 l6 l7 l8 l9-dense l9-moe plan check l9-check" >&2; return 2
+    echo "unknown lab '$key'; use l1 l2 l3 l3a l3b l4 l5 l6 l7 l8 l9-dense l9-moe e2e-a e2e-b e2e-c e2e-gemma plan check l9-check e2e-plan e2e-check" >&2; return 2
   fi
   local model=${L9_MODEL[$key]:-} log=$key result=${file}_gpu.json cap=${LAB_TIMEOUT_S:-570} grace=20
   local -a model_env=()
@@ -188,6 +256,9 @@ for arg in "$@"; do
     plan) plan ;;
     check) check || status=1 ;;
     l9-check) l9_check || status=1 ;;
+    e2e-plan) for t in e2e-a e2e-b e2e-c e2e-gemma; do "$PY" -m servebook.lab.e2e_job plan --target "$t" || status=1; done ;;
+    e2e-check) e2e_check || status=1 ;;
+    e2e-a|e2e-b|e2e-c|e2e-gemma) run_e2e "$arg" || status=1 ;;
     *) run_lab "$arg" || status=1 ;;
   esac
 done

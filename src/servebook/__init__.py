@@ -8,11 +8,13 @@ concept:
     hf_config     config.json -> ModelSpec, with parameter counts
     hardware      the GPU catalogue (data/gpus.toml)
     vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
-    kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them
+    kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them (the logged
+                  admission bound) and the requests that run at once (running_concurrency)
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
     memory        the memory budget: weights, activations, graphs, KV
     memory_fit    fitting the memory coefficients on recorded start-ups (leave-one-out error)
     plan          one deployment: budget, KV capacity, recommended flags (``servebook plan``)
+    live          the book's "Run live" calculators: JSON in, JSON out, no numpy (Pyodide in the browser)
     perf          step-time model (prefill, decode, speculation, fleet plans)
     draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
     simulator     discrete-event model of vLLM's scheduler
@@ -43,6 +45,7 @@ from servebook.kv_cache import (  # noqa: E402
     default_async_scheduling,
     default_block_size,
     kv_cache_layout,
+    running_concurrency,
 )
 from servebook.memory import (  # noqa: E402
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -51,21 +54,39 @@ from servebook.memory import (  # noqa: E402
     vllm_batch_defaults,
 )
 from servebook.model_spec import ModelSpec  # noqa: E402
-from servebook.perf import (  # noqa: E402
-    calibrated_coefficients,
-    decode_step,
-    gpu_numbers,
-    prefill_step,
-)
 from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan  # noqa: E402
-from servebook.simulator import (  # noqa: E402
-    LinearStepTime,
-    RequestSpec,
-    SchedulerConfig,
-    simulate,
-    synthetic_workload,
-)
 from servebook.startup_log import parse_startup_log, read_startup_log  # noqa: E402
+
+#: Names whose modules are imported on first use (PEP 562): the step-time model and the simulator
+#: import numpy today, and ``import servebook`` (with make_plan, the memory budget and the KV
+#: calculators) must also work where numpy is absent: in the browser, under Pyodide, for the book's
+#: "Run live" calculators (servebook.live). Each name still comes from the module that holds it.
+_LAZY = {
+    "calibrated_coefficients": "servebook.perf",
+    "decode_step": "servebook.perf",
+    "gpu_numbers": "servebook.perf",
+    "prefill_step": "servebook.perf",
+    "LinearStepTime": "servebook.simulator",
+    "RequestSpec": "servebook.simulator",
+    "SchedulerConfig": "servebook.simulator",
+    "simulate": "servebook.simulator",
+    "synthetic_workload": "servebook.simulator",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'servebook' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "DEFAULT_GPU_MEMORY_UTILIZATION",
@@ -96,6 +117,7 @@ __all__ = [
     "prefill_step",
     "read_startup_log",
     "reference_model_ids",
+    "running_concurrency",
     "simulate",
     "synthetic_workload",
     "vllm_batch_defaults",

@@ -53,6 +53,12 @@ The steps, in the order the engine takes them:
    (``get_kv_cache_capacity``). For a pure full-attention model this is close
    to ``num_blocks x block_size``; for hybrid or sliding-window models it is the
    context the pool serves at peak, not the number of physical token slots.
+7. That concurrency is an *admission* bound. While requests run, sliding-window
+   groups free the blocks that left the window (``remove_skipped_blocks``), so
+   each holds about ``window / block_size + 1`` blocks per request, not its
+   booked ``window - 1 + in-flight`` tokens: :func:`running_concurrency` gives
+   how many requests of a given length actually run at once (several times the
+   logged figure for Gemma-style hybrids; the same for full attention).
 
 vLLM 0.26.0 computes the same numbers (its ``get_max_concurrency_for_kv_cache_config``
 divides summed bytes by the page size; each group's maximum is a whole number
@@ -76,9 +82,10 @@ from servebook.vllm_rules.cache import (
     default_block_size,
     kv_dtype_bytes,
     sliding_window_hold_tokens,
+    sliding_window_running_blocks,
 )
 from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu
-from servebook.vllm_rules.scheduler import default_async_scheduling, in_flight_tokens
+from servebook.vllm_rules.scheduler import decode_unsettled_tokens, default_async_scheduling, in_flight_tokens
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,20 @@ class LayerCacheSpec:
             held = min(sliding_window_hold_tokens(self.sliding_window, in_flight_tokens), max_model_len)
             return _cdiv(held, self.block_size) + 1
         return _cdiv(max_model_len, self.block_size)
+
+    def running_blocks(self, request_tokens: int, unsettled_tokens: int) -> int:
+        """Most blocks one running request of ``request_tokens`` tokens holds in this layer.
+
+        Full/MLA: every token stays, ``cdiv(request_tokens, block_size)``. Sliding: blocks
+        that left the window are freed (:func:`~servebook.vllm_rules.cache.sliding_window_running_blocks`),
+        so at most ``cdiv(window + unsettled - 2, block_size) + 1``, and never more than
+        the request's own ``cdiv(request_tokens, block_size)``.
+        """
+        own = _cdiv(request_tokens, self.block_size)
+        if self.kind == "sliding":
+            assert self.sliding_window is not None
+            return min(own, sliding_window_running_blocks(self.sliding_window, self.block_size, unsettled_tokens))
+        return own
 
     def _key(self) -> tuple:
         """Everything that makes two layer specs equal in vLLM (not the index)."""
@@ -240,6 +261,16 @@ class KVCacheLayout(PaddingSummary):
         if self.uniform_type:
             return max(l.blocks_per_request(max_model_len, in_flight_tokens) for l in self.layers)
         return sum(g.spec.blocks_per_request(max_model_len, in_flight_tokens) for g in self.groups)
+
+    def running_blocks_per_request(self, request_tokens: int, unsettled_tokens: int) -> int:
+        """Block ids one running request of ``request_tokens`` tokens holds at most, all groups together.
+
+        The run-time counterpart of :meth:`blocks_per_request` (same grouping; each group's
+        hold from :meth:`LayerCacheSpec.running_blocks`).
+        """
+        if self.uniform_type:
+            return max(l.running_blocks(request_tokens, unsettled_tokens) for l in self.layers)
+        return sum(g.spec.running_blocks(request_tokens, unsettled_tokens) for g in self.groups)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -415,6 +446,7 @@ class Capacity:
             windows (``max_concurrent_batches x max_num_batched_tokens``).
         available_kv_bytes: the budget the blocks were carved from, bytes per GPU.
         layout: the grouping behind the numbers.
+        async_scheduling: whether the engine schedules asynchronously (two batches in flight).
     """
 
     num_gpu_blocks: int
@@ -425,6 +457,7 @@ class Capacity:
     in_flight_tokens: int
     available_kv_bytes: int
     layout: KVCacheLayout
+    async_scheduling: bool = False
 
     @property
     def padding_layers(self) -> int:
@@ -574,4 +607,68 @@ def capacity(
         in_flight_tokens=in_flight,
         available_kv_bytes=available,
         layout=layout,
+        async_scheduling=async_scheduling,
     )
+
+
+@dataclass(frozen=True)
+class RunningConcurrency:
+    """How many requests of one length the KV pool keeps running at once (the run-time figure).
+
+    Attributes:
+        request_tokens: tokens per request (prompt + output), the length the figure is for.
+        blocks_per_request: block ids one such request holds at most while it runs, all
+            groups together (:meth:`KVCacheLayout.running_blocks_per_request`).
+        usable_blocks: blocks requests can hold (:func:`usable_kv_blocks`).
+        unsettled_tokens: tokens per request past its processed prefix at a decode step
+            (:func:`~servebook.vllm_rules.scheduler.decode_unsettled_tokens`).
+        max_running: ``usable_blocks // blocks_per_request``: requests that run together
+            without preemption, all at their longest.
+    """
+
+    request_tokens: int
+    blocks_per_request: int
+    usable_blocks: int
+    unsettled_tokens: int
+    max_running: int
+
+
+def running_concurrency(cap: Capacity, request_tokens: int) -> RunningConcurrency:
+    """Requests of ``request_tokens`` tokens that can run at once in ``cap``'s pool (run-time figure).
+
+    The start-up log's ``Maximum concurrency`` (:attr:`Capacity.max_concurrency`) is an
+    admission bound: it books every sliding-window group at ``min(window - 1 + in-flight
+    tokens, max_model_len)`` (``SlidingWindowSpec.max_admission_blocks_per_request``,
+    ``get_max_concurrency_for_kv_cache_config`` in ``v1/core/kv_cache_utils.py``). While a
+    request runs, ``SlidingWindowManager.remove_skipped_blocks``
+    (``v1/core/single_type_kv_cache_manager.py``) frees the blocks that left the window, so
+    a sliding group holds about ``window / block_size + 1`` blocks
+    (:meth:`KVCacheLayout.running_blocks_per_request`) while full-attention groups hold
+    ``cdiv(tokens, block_size)``. This counts a request at its longest (its last decode step).
+
+    Two things the figure leaves out, both of which make the measured peak a little lower:
+    admitting a new request needs free blocks for its whole prompt in every group, sliding
+    ones included, capped at the admission bound (``KVCacheManager.allocate_slots`` with
+    ``full_sequence_must_fit``, the default ``scheduler_reserve_full_isl``), and a prefill
+    chunk holds ``window + chunk`` tokens' blocks until the step is processed. For a pure
+    full-attention model the two figures agree at ``max_model_len`` up to the null block.
+
+    Raises:
+        ServebookError: ``request_tokens`` not in ``[1, max_model_len]``.
+        DoesNotFitError: not one such request fits the pool.
+    """
+    if isinstance(request_tokens, bool) or not isinstance(request_tokens, int) or request_tokens < 1:
+        raise ServebookError(f"request tokens {request_tokens!r} is not allowed; use a positive number of "
+                             "tokens (prompt + output)")
+    if request_tokens > cap.max_model_len:
+        raise ServebookError(f"request tokens {request_tokens} exceed max_model_len {cap.max_model_len}: vLLM "
+                             f"rejects such a request; use at most {cap.max_model_len} or raise --max-model-len")
+    unsettled = decode_unsettled_tokens(cap.async_scheduling)
+    per_request = cap.layout.running_blocks_per_request(request_tokens, unsettled)
+    usable = usable_kv_blocks(cap.num_gpu_blocks)
+    running = usable // per_request
+    if running < 1:
+        raise DoesNotFitError(f"one running request of {request_tokens} tokens holds {per_request} blocks but the "
+                              f"pool has {usable}; shorten the requests or give the KV cache more memory")
+    return RunningConcurrency(request_tokens=request_tokens, blocks_per_request=per_request, usable_blocks=usable,
+                              unsettled_tokens=unsettled, max_running=running)

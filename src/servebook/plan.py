@@ -13,15 +13,23 @@ Defaults are vLLM 0.27.1's for ``vllm serve`` (usage context
 256; both capped at ``max_num_seqs x max_model_len``. ``gpu_memory_utilization``
 defaults to 0.92 (``config/cache.py``); the block size to 16 on CUDA.
 
-**Recommended ``--max-num-seqs``.** The KV cache holds ``max_concurrency``
-requests at full ``max_model_len`` (the engine's own figure). We recommend
-85% of that ceiling, rounded down, never below 1, never above the ceiling
-itself, and never above vLLM's default ``max_num_seqs`` (the peak-activation
-claim was sized for that many sampled rows). The 15% headroom covers what the
-ceiling does not: blocks held by the prefix cache, the partially filled last
-block of each request, and requests admitted while others still hold their
-full context. Below the ceiling, a full-length workload is not preempted;
-above it, vLLM preempts and recomputes.
+**Two concurrency figures.** The start-up log's ``Maximum concurrency for N tokens
+per request`` (:attr:`Capacity.max_concurrency`, kept exact because tests check it
+against engine logs) is an *admission* bound: it books each sliding-window group at
+``min(window - 1 + in-flight tokens, max_model_len)``. What runs is the *run-time*
+figure, :func:`servebook.kv_cache.running_concurrency`, for requests of
+``request_tokens`` (default ``max_model_len``): running sliding groups hold about
+``window / block_size + 1`` blocks. For full-attention models the two agree; for
+Gemma-style hybrids the run-time figure is several times larger.
+
+**Recommended ``--max-num-seqs``.** 85% of the run-time figure, rounded down,
+never below 1, never above the figure itself, and never above vLLM's default
+``max_num_seqs`` (the peak-activation claim was sized for that many sampled rows).
+The 15% headroom covers what the figure does not: a new request needs free
+blocks for its whole prompt in every group before its prefill frees the
+sliding ones, and a prefill chunk holds ``window + chunk`` tokens until it is
+processed. vLLM admits on free blocks and preempts when a running request
+cannot grow: watch ``vllm:kv_cache_usage_perc`` and ``vllm:num_preemptions``.
 """
 from __future__ import annotations
 
@@ -36,8 +44,10 @@ from servebook import PINNED_VLLM
 from servebook.errors import ServebookError
 from servebook.kv_cache import (
     Capacity,
+    RunningConcurrency,
     capacity,
     kv_cache_layout,
+    running_concurrency,
 )
 from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -55,9 +65,14 @@ from servebook.vllm_rules import check_tp_size
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
-#: Fraction of the KV ceiling recommended for ``--max-num-seqs`` (see module docstring).
+#: Fraction of the run-time KV concurrency recommended for ``--max-num-seqs`` (see module docstring).
 MAX_NUM_SEQS_FRACTION = 0.85
 KV_CACHE_DTYPES = ("auto", "fp8")
+#: The metrics to watch after setting ``--max-num-seqs`` (vllm_claims.toml checks both names).
+WATCH_METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions")
+#: One line on why the two concurrency figures differ.
+FIGURES_NOTE = ("the log's figure books each sliding-window group at window - 1 + in-flight tokens (admission); "
+                "running requests hold about window/block_size + 1 blocks there (blocks that left the window are freed)")
 
 
 @dataclass(frozen=True)
@@ -78,8 +93,14 @@ class Plan:
     budget: MemoryBudget | None
     available_kv_bytes: int
     capacity: Capacity
+    running: RunningConcurrency
     recommended_max_num_seqs: int
     coefficients_summary: str = ""
+
+    @property
+    def request_tokens(self) -> int:
+        """Tokens per request (prompt + output) the run-time figure is for."""
+        return self.running.request_tokens
 
     def serve_command(self) -> str:
         """A ``vllm serve`` command line with the flags this plan used (real 0.27.1 flags)."""
@@ -122,20 +143,27 @@ class Plan:
             "num_gpu_blocks": cap.num_gpu_blocks,
             "kv_cache_tokens": cap.kv_cache_tokens,
             "max_concurrency": cap.max_concurrency,
+            "admission_blocks_per_request": cap.blocks_per_request,
+            "request_tokens": self.request_tokens,
+            "running_blocks_per_request": self.running.blocks_per_request,
+            "usable_gpu_blocks": self.running.usable_blocks,
+            "running_concurrency": self.running.max_running,
+            "concurrency_note": FIGURES_NOTE,
             "kv_cache_groups": len(cap.layout.groups),
             "padding_layers": cap.padding_layers,
             "padding_waste_pct": cap.padding_waste_pct,
             "recommended_max_num_seqs": self.recommended_max_num_seqs,
+            "watch_metrics": list(WATCH_METRICS),
             "vllm_serve_command": self.serve_command(),
         }
 
 
-def recommended_max_num_seqs(max_concurrency: float, default_max_num_seqs: int) -> int:
-    """85% of the KV ceiling, at least 1, at most the ceiling and vLLM's default."""
-    ceiling = math.floor(max_concurrency)
+def recommended_max_num_seqs(running_concurrency: float, default_max_num_seqs: int) -> int:
+    """85% of the run-time concurrency (requests), at least 1, at most that figure and vLLM's default."""
+    ceiling = math.floor(running_concurrency)
     if ceiling < 1:
-        raise ServebookError("the KV cache cannot hold one request of max_model_len; lower --max-model-len")
-    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * max_concurrency), ceiling, default_max_num_seqs))
+        raise ServebookError("the KV cache cannot hold one running request; lower --max-model-len or --request-tokens")
+    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * running_concurrency), ceiling, default_max_num_seqs))
 
 
 def _resolve_gpu(name: str) -> tuple[str, int]:
@@ -237,12 +265,21 @@ def make_plan(
     block_size: int | None = None,
     max_num_batched_tokens: int | None = None,
     available_kv_gib: float | None = None,
+    request_tokens: int | None = None,
 ) -> Plan:
-    """Compute a :class:`Plan`: what ``servebook plan`` prints, for one deployment."""
+    """Compute a :class:`Plan`: what ``servebook plan`` prints, for one deployment.
+
+    ``request_tokens``: prompt + output tokens of the requests the run-time concurrency is
+    for (default ``max_model_len``); at most ``max_model_len``.
+    """
     check_utilization(gpu_memory_utilization)
     check_tp_size(tp)
     _positive("max-model-len", max_model_len)
     _positive("max-num-batched-tokens", max_num_batched_tokens)
+    if request_tokens is not None and (isinstance(request_tokens, bool) or not isinstance(request_tokens, int)
+                                       or request_tokens < 1):
+        raise ServebookError(f"--request-tokens {request_tokens!r} is out of range; use a positive number of "
+                             "tokens (prompt + output), at most --max-model-len")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ServebookError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
     if available_kv_gib is not None and not (available_kv_gib > 0 and math.isfinite(available_kv_gib)):
@@ -257,6 +294,9 @@ def make_plan(
             f"--max-model-len {max_model_len} exceeds the model's max_position_embeddings "
             f"({spec.max_position_embeddings}); use a value in [1, {spec.max_position_embeddings}]"
         )
+    if request_tokens is not None and request_tokens > max_model_len:
+        raise ServebookError(f"--request-tokens {request_tokens} exceeds --max-model-len {max_model_len}: vLLM "
+                             f"rejects longer requests; use at most {max_model_len} or raise --max-model-len")
     # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
     kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
 
@@ -282,6 +322,7 @@ def make_plan(
         spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
         block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
     )
+    running = running_concurrency(cap, max_model_len if request_tokens is None else request_tokens)
     return Plan(
         spec=spec,
         model_ref=_model_ref(config, spec),
@@ -297,7 +338,8 @@ def make_plan(
         budget=budget,
         available_kv_bytes=available,
         capacity=cap,
-        recommended_max_num_seqs=recommended_max_num_seqs(cap.max_concurrency, default_seqs),
+        running=running,
+        recommended_max_num_seqs=recommended_max_num_seqs(running.max_running, default_seqs),
         coefficients_summary=load_coefficients().summary,
     )
 

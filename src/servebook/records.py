@@ -16,7 +16,7 @@ When none exists the path of step 3 at the current directory is returned, so tha
 reader's ``FileNotFoundError``/``ServebookError`` names a path the user can create or
 replace with ``SERVEBOOK_RESULTS_DIR``. Subfolders: ``labs`` (one JSON per lab run),
 ``step_timing`` (H200 step timings the calibration is fitted on), ``batch_tactics``
-(Lab 8), ``raw``, ``startup_logs``.
+(Lab 8), ``raw``, ``startup_logs``, ``e2e`` (end-to-end jobs, :func:`e2e_results`).
 """
 from __future__ import annotations
 
@@ -66,6 +66,33 @@ def read_json(*parts: str, directory: str | Path | None = None) -> dict:
             f"no recorded result at {path}: run from inside the book's checkout, or set {RESULTS_ENV} "
             f"to a results folder that holds {Path(*parts).as_posix()}")
     return json.loads(path.read_text())
+
+
+#: Schema of an end-to-end job record (:mod:`servebook.lab.e2e_job`).
+E2E_SCHEMA = "servebook.e2e/1"
+
+
+def e2e_results(directory: str | Path | None = None) -> list[dict]:
+    """Every end-to-end job record (``e2e/e2e_<model>.json``, schema ``servebook.e2e/1``), by model id.
+
+    ``directory`` is a results folder (see :func:`results_dir`) or a folder holding the files
+    themselves (a test's fixtures). Raises ``FileNotFoundError`` naming the folder when it holds
+    none, and ``ValueError`` naming a file of another schema.
+    """
+    base = results_dir(directory)
+    folder = base / "e2e" if (base / "e2e").is_dir() else base
+    paths = sorted(folder.glob("e2e_*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no end-to-end job records (e2e_*.json) in {folder}: record them with "
+                                f"labs/tools/run_labs_gpu.sh e2e-a / e2e-b, or set {RESULTS_ENV}")
+    docs = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        if doc.get("schema") != E2E_SCHEMA:
+            raise ValueError(f"{path} has schema {doc.get('schema')!r}, not {E2E_SCHEMA!r}; "
+                             "keep only servebook.lab.e2e_job records in that folder")
+        docs.append(doc)
+    return sorted(docs, key=lambda d: d["model_id"])
 
 
 def checkout_root(directory: str | Path | None = None) -> Path:

@@ -36,6 +36,10 @@ def site_dir() -> Path:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    # As scripts/book.sh serves them (the Run-live calculators' Pyodide files), whatever /etc/mime.types says.
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".wasm": "application/wasm", ".mjs": "text/javascript"}
+
     def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
         pass
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -88,9 +89,13 @@ PAGE_CHECKS_JS = r"""
 """
 
 
-def visit(browser: Browser, url: str, screenshot: Path, settle_s: float = 0.5,
-          timeout_s: float = 60.0) -> PageReport:
-    """Load ``url`` in a fresh tab, wait until it is quiet, run the page checks, take a screenshot."""
+@contextmanager
+def watched_page(browser: Browser, url: str, settle_s: float = 0.5, timeout_s: float = 60.0):
+    """Load ``url`` in a fresh tab and wait until it is quiet; yields (session, report).
+
+    Until the block ends, every request is recorded (any host but 127.0.0.1 is refused and listed
+    in ``report.blocked``), with failed requests, uncaught exceptions and console errors.
+    """
     report = PageReport(url)
     context, target, session = browser.new_page()
     in_flight: set[str] = set()
@@ -149,18 +154,29 @@ def visit(browser: Browser, url: str, screenshot: Path, settle_s: float = 0.5,
         deadline = time.monotonic() + timeout_s
         while (in_flight or time.monotonic() - last_activity[0] < settle_s) and time.monotonic() < deadline:
             time.sleep(0.1)
-        report.checks = browser.evaluate(session, PAGE_CHECKS_JS, timeout_s)
-        # Full-page screenshot: grow the viewport to the page's height (capped), then capture it.
-        height = min(int(browser.evaluate(session, "Math.ceil(document.documentElement.scrollHeight)") or 900), 8000)
-        browser.send("Emulation.setDeviceMetricsOverride",
-                     {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
-        time.sleep(0.3)
-        shot = browser.send("Page.captureScreenshot", {"format": "png"}, session, timeout_s)
-        screenshot.parent.mkdir(parents=True, exist_ok=True)
-        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        yield session, report
     finally:
         browser.handlers.remove(on_event)
         browser.close_page(context, target)
+
+
+def screenshot_page(browser: Browser, session: str, screenshot: Path, timeout_s: float = 60.0) -> None:
+    """Full-page screenshot: grow the viewport to the page's height (capped), then capture it."""
+    height = min(int(browser.evaluate(session, "Math.ceil(document.documentElement.scrollHeight)") or 900), 8000)
+    browser.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
+    time.sleep(0.3)
+    shot = browser.send("Page.captureScreenshot", {"format": "png"}, session, timeout_s)
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    screenshot.write_bytes(base64.b64decode(shot["data"]))
+
+
+def visit(browser: Browser, url: str, screenshot: Path, settle_s: float = 0.5,
+          timeout_s: float = 60.0) -> PageReport:
+    """Load ``url`` in a fresh tab, wait until it is quiet, run the page checks, take a screenshot."""
+    with watched_page(browser, url, settle_s, timeout_s) as (session, report):
+        report.checks = browser.evaluate(session, PAGE_CHECKS_JS, timeout_s)
+        screenshot_page(browser, session, screenshot, timeout_s)
     return report
 
 

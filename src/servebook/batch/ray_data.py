@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from servebook.batch.requests import BatchRequest, InputProblem, read_requests, summarize_problems
+from servebook.batch.requests import BatchRequest, InputProblem, read_requests, refuse_bad_lines, summarize_problems
 from servebook.batch.store import ResultStore
 from servebook.errors import ServebookError
 
@@ -194,7 +194,8 @@ def _stream_into(store: ResultStore, records, flush_rows: int, bar) -> tuple[int
 
 def run_on_ray(inputs: str | Path | Sequence[str | Path], output: str | Path, *, model: str,
                engine_kwargs: dict | None = None, concurrency: int = 1, batch_size: int = 64,
-               skip_invalid: bool = False, default_max_tokens: int | None = None,
+               skip_invalid: bool = False, skip_hint: str = "skip_invalid=True",
+               default_max_tokens: int | None = None,
                processor_kwargs: dict | None = None, ray_init_kwargs: dict | None = None,
                progress: bool = True, flush_rows: int = 64, eos_token_id: int | None = None) -> RaySummary:
     """Run (or resume) the job on Ray Data with vLLM, appending results to ``output`` (JSONL).
@@ -206,14 +207,16 @@ def run_on_ray(inputs: str | Path | Sequence[str | Path], output: str | Path, *,
     ``ray_init_kwargs`` go to ``ray.init`` (e.g. ``{"address": "10.0.0.1:6379"}`` to join a
     running cluster). ``flush_rows`` results are fsync'd at a time (a killed driver loses at
     most that many; they run again on restart). Raises ServebookError, before Ray is
-    imported, when an input line cannot run and ``skip_invalid`` is False.
+    imported, when an input line cannot run and ``skip_invalid`` is False (its message tells the
+    reader to pass ``skip_hint``: the command line passes ``--skip-invalid``).
     """
     started = time.monotonic()
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     requests, problems, report = read_inputs(paths, default_max_tokens=default_max_tokens)
-    if problems and not skip_invalid:
-        raise ServebookError(f"{len(problems)} input lines cannot run; no engine was started. Fix them, or pass "
-                             "skip_invalid=True to run the rest:\n" + "\n".join(report))
+    from servebook.batch.driver import rejected_path
+
+    refuse_bad_lines(problems, len(requests) + len(problems), "\n".join(report), skip_invalid=skip_invalid,
+                     skip_hint=skip_hint, rejected=str(rejected_path(output)))
     ray, build_processor, vLLMEngineProcessorConfig = _import_ray()
     from servebook.batch.driver import Progress, write_rejected
 

@@ -301,3 +301,19 @@ def format_problems(problems: Sequence[InputProblem], limit: int = 20) -> str:
     if len(problems) > limit:
         shown.append(f"... and {len(problems) - limit} more")
     return "\n".join(shown)
+
+
+def refuse_bad_lines(problems: Sequence[InputProblem], total_lines: int, report: str, *, skip_invalid: bool,
+                     skip_hint: str, rejected: str) -> None:
+    """Stop before any engine starts when input lines cannot run and the caller did not ask to skip them.
+
+    One message for every entry point (``servebook batch run``, ``servebook batch ray``,
+    :func:`servebook.batch.ray_data.run_on_ray`): how many of ``total_lines`` lines cannot run,
+    that no engine was started, what to pass to run the rest (``skip_hint``: ``--skip-invalid``
+    on the command line, ``skip_invalid=True`` from Python) and where the bad lines then go
+    (``rejected``), then ``report`` (:func:`summarize_problems`, per file).
+    """
+    if problems and not skip_invalid:
+        raise ServebookError(f"{len(problems)} of {total_lines} input lines cannot run; no engine was started. "
+                             f"Fix them, or pass {skip_hint} to run the rest (the bad lines then go to "
+                             f"{rejected}):\n" + report)

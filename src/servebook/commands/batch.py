@@ -152,12 +152,11 @@ def refuse_bad_input(problems, total_lines: int, source, skip_invalid: bool) -> 
     :func:`servebook.batch.requests.summarize_problems`). Prompt lengths need the engine's
     tokenizer and ``max_model_len``; the driver checks them after the engine is up.
     """
-    from servebook.batch.requests import summarize_problems
+    from servebook.batch.requests import refuse_bad_lines, summarize_problems
 
-    if problems and not skip_invalid:
-        raise ServebookError(f"{len(problems)} of {total_lines} input lines cannot run; no engine was started. "
-                             "Fix them, or pass --skip-invalid to run the rest (the bad lines then go to "
-                             f"OUTPUT.rejected.jsonl):\n" + summarize_problems(problems, source))
+    if problems:
+        refuse_bad_lines(problems, total_lines, summarize_problems(problems, source), skip_invalid=skip_invalid,
+                         skip_hint="--skip-invalid", rejected="OUTPUT.rejected.jsonl")
 
 
 def _vllm_engine(model: str, **engine_kwargs):
@@ -194,7 +193,8 @@ def run_ray(args) -> int:
 
     summary = ray_data.run_on_ray(
         args.inputs, args.output, model=args.model, engine_kwargs=engine_kwargs(args), concurrency=args.replicas,
-        batch_size=args.batch_size, skip_invalid=args.skip_invalid, default_max_tokens=args.max_tokens,
+        batch_size=args.batch_size, skip_invalid=args.skip_invalid, skip_hint="--skip-invalid",
+        default_max_tokens=args.max_tokens,
         processor_kwargs=ray_data.CPU_PROCESSOR_KWARGS if args.cpu else None,
         ray_init_kwargs={"address": args.address} if args.address else None,
         progress=not args.no_progress, flush_rows=args.flush_rows)

@@ -72,8 +72,8 @@ def run_show(args) -> int:
         if d.numeric:
             info.update(expected=d.expected(args.seed), unit=d.unit, call=d.call, args=d.args_for(args.seed),
                         tolerance=tolerance_text(d))
-        if d.draft_says:
-            info["draft_says"] = d.draft_says
+        if d.pitfall:
+            info["pitfall"] = d.pitfall
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -87,8 +87,8 @@ def run_show(args) -> int:
             value = info["expected"]
             shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
             print(f"\n= {shown} {d.unit} ({info['tolerance']}; {d.call})")
-        if d.draft_says:
-            print("\nWhere the draft goes wrong: " + d.draft_says)
+        if d.pitfall:
+            print("\nCommon mistake: " + d.pitfall)
     return 0
 
 

@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--cudagraph-max-tokens", type=int,
                    help="largest step captured as a CUDA graph (default: vLLM's, at most 512 tokens)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
+    p.add_argument("--finite-job", action="store_true",
+                   help="add the ramp and the drain of a finite job, replayed in the scheduler simulator "
+                        "(servebook.perf.finite_job; a few seconds)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -128,6 +131,13 @@ def run(args) -> int:
     out = p.to_dict()
     out["gpu"] = gpu.name
     out["calibration"] = where
+    finite = None
+    if args.finite_job:
+        from servebook.perf.finite_job import finite_job_seconds
+
+        if speculation is not None:
+            raise ServebookError("--finite-job replays the job without speculative decoding; drop --spec-k or --finite-job")
+        finite = out["finite_job"] = finite_job_seconds(work, d, coeffs, p)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -136,6 +146,10 @@ def run(args) -> int:
           f"step {p.step_s * 1e3:.1f} ms, bound by {p.bound}")
     print(f"  {p.hours:.1f} h wall ({p.prefill_hours:.1f} h prefill + {p.decode_hours:.1f} h decode), "
           f"{p.gpu_hours:.0f} GPU-hours, cost {p.cost:,.0f}, {p.requests_per_s:.1f} requests/s")
+    if finite:
+        print(f"  finite job: {finite['seconds']:.0f} s wall ({finite['seconds'] / 3600:.2f} h) = steady state "
+              f"{finite['steady_seconds']:.0f} s + ramp and drain {finite['ramp_drain_s']:.0f} s (a replica's first "
+              f"{finite['replayed_requests']} requests replayed), {finite['output_tokens_per_s']:.0f} output tokens/s")
     for n in p.notes + (where,):
         print(f"  note: {n}")
     return 0

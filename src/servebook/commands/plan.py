@@ -5,7 +5,7 @@
     servebook plan --config PATH|ID [--gpu NAME] [--tp N] [--max-model-len N]
                    [--gpu-memory-utilization U] [--kv-cache-dtype auto|fp8]
                    [--block-size N] [--max-num-batched-tokens N]
-                   [--available-kv-gib X] [--json]
+                   [--available-kv-gib X] [--request-tokens N] [--json]
 
 Argument parsing and the printed table only; the plan itself is
 :func:`servebook.plan.make_plan` (its docstring gives the defaults and the
@@ -21,7 +21,9 @@ from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, load_coefficients
 from servebook.plan import (  # noqa: F401  (re-exported for callers of the old home)
     DEFAULT_GPU,
     KV_CACHE_DTYPES,
+    FIGURES_NOTE,
     MAX_NUM_SEQS_FRACTION,
+    WATCH_METRICS,
     Plan,
     make_plan,
     recommended_max_num_seqs,
@@ -65,6 +67,9 @@ def register(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM 0.27.1's for the GPU)")
     p.add_argument("--available-kv-gib", type=float, default=None,
                    help="start from a logged 'Available KV cache memory' (GiB per GPU) instead of the budget")
+    p.add_argument("--request-tokens", type=int, default=None,
+                   help="prompt + output tokens per request for the run-time concurrency and the recommended "
+                        "--max-num-seqs (default: --max-model-len)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -97,10 +102,15 @@ def _table(plan: Plan) -> str:
         lines.append(f"  {'padding layers':28s}{cap.padding_layers:>10} (may waste at most {cap.padding_waste_pct:.2f}%)")
     lines.append(f"  {'GPU blocks':28s}{cap.num_gpu_blocks:>10,}")
     lines.append(f"  {'GPU KV cache size':28s}{cap.kv_cache_tokens:>10,} tokens")
-    lines.append(f"  {'concurrency ceiling':28s}{cap.max_concurrency:>10.2f}x requests of {plan.max_model_len:,} tokens")
+    lines.append(f"  {'admission ceiling (logged)':28s}{cap.max_concurrency:>10.2f}x requests of {plan.max_model_len:,} tokens")
+    lines.append(f"  {'running at once':28s}{plan.running.max_running:>10,} requests of {plan.request_tokens:,} tokens "
+                 f"({plan.running.blocks_per_request:,} blocks each)")
+    lines.append(f"  ({FIGURES_NOTE})")
     lines.append("")
     lines.append("Recommended")
-    lines.append(f"  --max-num-seqs {plan.recommended_max_num_seqs} (85% of the ceiling, at most vLLM's default {plan.default_max_num_seqs})")
+    lines.append(f"  --max-num-seqs {plan.recommended_max_num_seqs} ({MAX_NUM_SEQS_FRACTION:.0%} of the requests running at "
+                 f"once, at most vLLM's default {plan.default_max_num_seqs}); vLLM admits on free blocks and preempts at "
+                 f"the limit: watch {' and '.join(WATCH_METRICS)}")
     lines.append(f"  {plan.serve_command()}")
     return "\n".join(lines)
 
@@ -116,6 +126,7 @@ def run(args) -> int:
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         available_kv_gib=args.available_kv_gib,
+        request_tokens=args.request_tokens,
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

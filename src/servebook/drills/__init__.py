@@ -2,7 +2,7 @@
 
 The drills live in ``servebook/data/drills.toml``. Each has an ``id``, the chapter ``section``
 it drills, a ``kind`` (see :data:`KINDS`), the ``question``, a worked ``answer`` (mechanism
-first, number second) and optionally what the draft chapter got wrong (``draft_says``).
+first, number second) and optionally a common wrong answer and why it is wrong (``pitfall``).
 
 * ``numeric`` drills (and numeric ``debugging``/``design`` ones) name a function of
   :mod:`servebook.drills.calls` and its arguments; the expected number is computed, never

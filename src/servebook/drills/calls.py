@@ -98,14 +98,24 @@ def available_kv_gib(model: str, gpu: str, max_model_len: int, tp: int = 1,
 
 def max_concurrency(model: str, gpu: str, max_model_len: int, tp: int = 1, kv_cache_dtype: str = "auto",
                     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
-    """Predicted ``Maximum concurrency for max_model_len tokens per request`` (requests)."""
+    """Predicted ``Maximum concurrency for max_model_len tokens per request``: the logged admission bound (requests)."""
     return _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization).capacity.max_concurrency
+
+
+def running_concurrency(model: str, gpu: str, max_model_len: int, tp: int = 1, kv_cache_dtype: str = "auto",
+                        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
+    """Full-length requests that run at once (``servebook plan``'s run-time figure), requests.
+
+    Larger than :func:`max_concurrency` for sliding-window models: running requests free the
+    blocks that left the window (:func:`servebook.kv_cache.running_concurrency`).
+    """
+    return _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization).running.max_running
 
 
 def recommended_max_num_seqs(model: str, gpu: str, max_model_len: int, tp: int = 1,
                              kv_cache_dtype: str = "auto",
                              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> float:
-    """``servebook plan``'s ``--max-num-seqs`` (85% of the KV ceiling, capped by vLLM's default), sequences."""
+    """``servebook plan``'s ``--max-num-seqs`` (85% of the run-time concurrency, capped by vLLM's default), sequences."""
     return _plan(model, gpu, max_model_len, tp, kv_cache_dtype, gpu_memory_utilization).recommended_max_num_seqs
 
 
@@ -267,10 +277,12 @@ def decode_speed_ratio(model_a: str, model_b: str, gpu: str, batch: int, context
 
 
 def active_params_b(model: str) -> float:
-    """Parameters a token multiplies through (matmul weights; top-k experts only), billions."""
-    from servebook.hf_config import active_matmul_params
+    """Active parameters per token (top-k experts plus every shared weight, the embedding included), billions.
 
-    return active_matmul_params(_spec(model)) / 1e9
+    The same count the chapter quotes (``ModelSpec.params.active``) and Qwen and Mistral publish;
+    compute models subtract the embedding lookup (:func:`servebook.hf_config.active_matmul_params`).
+    """
+    return _spec(model).params.active / 1e9
 
 
 def kv_heads_per_gpu(model: str, tp: int, layer: int = -1) -> float:
@@ -533,11 +545,12 @@ def slo_gpu_price_index(**kw) -> float:
 
 def _lab_measurements(lab: str) -> tuple[str, dict]:
     """(file path as the repository names it, ``measurements``) of a recorded lab result, read and
-    checked by :func:`servebook.lab.recorded.load_recorded`; ``lab`` is the file stem (``l3_preemption_gpu``)."""
-    from servebook.lab.recorded import RECORDED_DIR, load_recorded
+    checked by :func:`servebook.lab.recorded.load_rendered` (a lab recorded in part files comes merged);
+    ``lab`` is the file stem (``l3_preemption_gpu``)."""
+    from servebook.lab.recorded import load_rendered
 
-    path = RECORDED_DIR / f"{lab}.json"
-    return repo_relative(path), load_recorded(path)["measurements"]
+    name, doc = load_rendered(lab)
+    return repo_relative(Path(name)), doc["measurements"]
 
 
 def repo_relative(path: Path) -> str:

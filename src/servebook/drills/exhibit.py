@@ -63,14 +63,24 @@ class Exhibit:
             return base / f"{self.name}.json"
         return base / self.name / (self.file or default or "")
 
+    def recorded_files(self) -> list[Path]:
+        """The files the exhibit's lines come from: :meth:`path`, or for a lab recorded in part files
+        (no ``<name>.json``; :func:`servebook.lab.recorded.load_rendered`) each part file."""
+        p = self.path()
+        if self.source != "lab" or p.is_file():
+            return [p]
+        from servebook.lab.split import part_paths
+
+        return part_paths(self.name.removesuffix("_gpu"), p.parent) or [p]
+
     def lines(self) -> list[str]:
         """The selected lines of the recorded file, unedited except for cutting long lines."""
+        if self.source == "lab":
+            return self._lab_lines()
         p = self.path()
         if not p.is_file():
             raise DrillError(f"exhibit {p} does not exist; record it first (see the folder's README)")
         text = p.read_text(errors="replace")
-        if self.source == "lab":
-            return self._lab_lines(text)
         if self.source == "step_timing":
             import json
 
@@ -86,21 +96,31 @@ class Exhibit:
             raise DrillError(f"exhibit {p}: no line matches {self.grep!r}")
         return out
 
-    def _lab_lines(self, text: str) -> list[str]:
-        """Selected points of a lab result: each field as the JSON file writes it, then matching log lines."""
+    def _lab_lines(self) -> list[str]:
+        """Selected points of a lab result: each field as the JSON file writes it, then matching log lines.
+
+        The result is read by :func:`servebook.lab.recorded.load_rendered` (checked; a lab recorded in
+        part files comes merged)."""
         import json
 
         from servebook.drills.calls import repo_relative, value_at
+        from servebook.lab.errors import LabError
+        from servebook.lab.recorded import load_rendered
 
-        points = json.loads(text).get("measurements", {}).get("points", [])
+        try:
+            name, doc = load_rendered(self.name, self.path().parent)
+        except LabError as e:
+            raise DrillError(f"exhibit {self.name}: {e}; record it first (see the folder's README)") from None
+        name = repo_relative(Path(name))
+        points = doc.get("measurements", {}).get("points", [])
         chosen = [pt for pt in points if all(pt.get(k) in v for k, v in self.points.items())]
         if not chosen:
-            raise DrillError(f"exhibit {self.path()}: no measurement point matches {self.points!r}")
+            raise DrillError(f"exhibit {name}: no measurement point matches {self.points!r}")
         pattern = re.compile(self.grep) if self.grep else None
         out = []
         for pt in chosen:
             for path in self.fields:
-                value = value_at(pt, path, f"exhibit {repo_relative(self.path())}",
+                value = value_at(pt, path, f"exhibit {name}",
                                  f"measurements.points[{points.index(pt)}]", DrillError)
                 out.append(f'"{path.split(".")[-1]}": {json.dumps(value)}')
             if pattern is not None:

@@ -73,7 +73,7 @@ class Drill:
     keywords: tuple[tuple[str, ...], ...] = ()
     facts: dict = field(default_factory=dict)
     exhibit: Exhibit | None = None
-    draft_says: str = ""
+    pitfall: str = ""
 
     @property
     def numeric(self) -> bool:
@@ -196,7 +196,7 @@ def _drill_from_entry(e: dict, where: str) -> Drill:
         call=e.get("call"), args=dict(e.get("args", {})), variants=dict(e.get("variants", {})),
         unit=e.get("unit", ""), rel_tol=float(e.get("rel_tol", 0.03)), abs_tol=float(e.get("abs_tol", 0.0)),
         keywords=tuple(tuple(g) for g in e.get("keywords", ())), facts=dict(e.get("facts", {})),
-        exhibit=exhibit, draft_says=e.get("draft_says", ""),
+        exhibit=exhibit, pitfall=e.get("pitfall", ""),
     )
 
 

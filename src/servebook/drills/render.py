@@ -32,8 +32,8 @@ def render_markdown(drill: str | Drill, seed: int = 0, *, folded: bool = True) -
     if d.numeric:
         body += ["", f"Computed by `{d.call}({', '.join(f'{k}={v!r}' for k, v in d.args_for(seed).items())})`"
                  f" = **{format_number(d.expected(seed))} {d.unit}**; {tolerance_text(d)}."]
-    if d.draft_says:
-        body += ["", f"**Where the draft goes wrong:** {d.draft_says.strip()}"]
+    if d.pitfall:
+        body += ["", f"**Common mistake:** {d.pitfall.strip()}"]
     directive = ":::{dropdown} Answer" if folded else ":::{admonition} Answer"
     parts += [directive, *body, ":::", ""]
     return "\n".join(parts)

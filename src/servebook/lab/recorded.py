@@ -50,6 +50,7 @@ RAW_DIR = results_path("raw")
 #: This names, per re-recorded lab, the file it replaced (the results page compares the two).
 PREVIOUS_RECORDINGS = {
     "l2_paged_continuous": "l2_paged_continuous_gpu-2026-11-30.json",
+    "l3_preemption": "l3_preemption_gpu-2026-11-30.json",
     "l4_fp8_kv": "l4_fp8_kv_gpu-2026-11-30.json",
 }
 
@@ -68,6 +69,24 @@ def previous_path(lab: str) -> Path:
         raise LabError(f"{lab!r} has not been re-recorded: no previous recording is named in "
                        f"PREVIOUS_RECORDINGS (re-recorded: {', '.join(PREVIOUS_RECORDINGS)})")
     return RAW_DIR / PREVIOUS_RECORDINGS[lab]
+
+
+def load_rendered(stem: str, directory: str | Path | None = None) -> tuple[str, dict]:
+    """(name to show, document) of the recording the book renders for a file stem (``l3_preemption_gpu``).
+
+    ``<stem>.json`` when it exists, checked by :func:`load_recorded`; otherwise, for a lab recorded
+    in parts (Lab 3: :func:`load_l3`), the merged parts, shown as ``l3_preemption_{16_48,128_256}_gpu.json``.
+    ``directory`` defaults to :data:`RECORDED_DIR`. Raises :class:`LabError` when neither exists.
+    """
+    directory = Path(directory) if directory is not None else RECORDED_DIR
+    path = directory / f"{stem}.json"
+    lab = stem.removesuffix("_gpu")
+    if path.is_file() or lab not in _PART_MERGERS:
+        return str(path), load_recorded(path)
+    doc = _PART_MERGERS[lab](directory)
+    files = list(dict.fromkeys(doc["files"].values()))   # in the order of the points they measured
+    parts = [f.removeprefix(lab + "_").removesuffix("_gpu.json") for f in files]
+    return str(directory / f"{lab}_{{{','.join(parts)}}}_gpu.json"), doc
 
 
 def read_checked_document(path: str | Path, *, schema: str, required: tuple[str, ...], what: str,
@@ -221,6 +240,8 @@ def _l3_quantities(m: dict) -> dict[str, float]:
     out = {"first max-num-seqs that preempted": first_preempting(m["points"])}
     for p in m["points"]:
         out[f"output tok/s at max-num-seqs {p['max_num_seqs']}"] = p["output_throughput"]
+    for p in m["points"]:
+        out[f"preemptions at max-num-seqs {p['max_num_seqs']}"] = p["preemptions"]
     return out
 
 
@@ -238,10 +259,14 @@ def _l4_quantities(m: dict) -> dict[str, float]:
 #: The quantities :func:`recording_changes` compares, per lab (each from the lab's measurements).
 CHANGE_QUANTITIES = {"l2_paged_continuous": _l2_quantities, "l3_preemption": _l3_quantities,
                      "l4_fp8_kv": _l4_quantities}
+#: Workload fields that budget the harness, not the load (Lab 3's per-engine time estimate, added when
+#: its sweep was split over two device calls): two recordings may differ in them.
+_HARNESS_ONLY = frozenset({"point_time_s"})
 #: What must be the same in two recordings for their difference to be read as the prompts'.
 _SAME = (("GPU", lambda d: d["gpu"]["name"]), ("driver", lambda d: d["gpu"]["driver"]),
          ("vLLM", lambda d: d["vllm_version"]), ("model config", lambda d: d["config_sha256"]),
-         ("flags", lambda d: d["engine_args"]), ("workload", lambda d: d["measurements"]["workload"]))
+         ("flags", lambda d: d["engine_args"]),
+         ("workload", lambda d: {k: v for k, v in d["measurements"]["workload"].items() if k not in _HARNESS_ONLY}))
 
 
 def recording_changes(before: dict, after: dict) -> list[dict]:
@@ -396,7 +421,7 @@ def load_l3(directory: str | Path = RECORDED_DIR) -> dict:
     if not paths:
         raise LabError(f"no Lab 3 result in {directory}: run `bash labs/tools/run_labs_gpu.sh l3a` and `l3b` "
                        "on one GPU and copy l3_preemption*_gpu.json there unedited")
-    docs = [load_recorded(p, lab="l3_preemption") for p in paths]
+    docs = [_load_l3_part(p) for p in paths]
     order = sorted(range(len(docs)), key=lambda i: docs[i]["date"])
     docs, paths = [docs[i] for i in order], [paths[i] for i in order]
     check_same_experiment(docs, paths, measurement_keys=("workload", "block_size"), what="Lab 3 files",
@@ -410,6 +435,7 @@ def load_l3(directory: str | Path = RECORDED_DIR) -> dict:
         raise LabError("the Lab 3 files " + ", ".join(p.name for p in paths) + " measured no --max-num-seqs value: "
                        + "; ".join(str(p.get("skipped")) for d in docs for p in d["measurements"]["points"]))
     merged = copy.deepcopy(docs[0])
+    merged["lab"] = "l3_preemption"   # a part file names its part (l3_preemption_16_48); the merge is the lab
     points = [measured[v][0] for v in sorted(measured)]
     merged["measurements"]["points"] = points
     merged["measurements"]["measured_first_preempting_max_num_seqs"] = first_preempting(points)
@@ -417,6 +443,21 @@ def load_l3(directory: str | Path = RECORDED_DIR) -> dict:
     merged["not_measured"] = sorted({p["max_num_seqs"] for d in docs for p in d["measurements"]["points"]}
                                     - set(measured))
     return merged
+
+
+def _load_l3_part(path: Path) -> dict:
+    """One Lab 3 file, checked: its ``lab`` is ``l3_preemption`` for the whole sweep, or the part's name
+    (``l3_preemption_16_48``, :func:`servebook.lab.split.part_name`), which must match the file's name."""
+    doc = load_recorded(path)
+    expected = path.name.removesuffix("_gpu.json")
+    if doc["lab"] not in ("l3_preemption", expected):
+        raise LabError(f"{path} holds lab {doc['lab']!r}, not l3_preemption or the part {expected!r}: "
+                       "pass the files of Lab 3, unedited")
+    return doc
+
+
+#: Labs whose sweep may be recorded in part files, and the function that merges them.
+_PART_MERGERS = {"l3_preemption": load_l3}
 
 
 def first_preempting(points: list[dict]) -> int | None:

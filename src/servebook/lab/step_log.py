@@ -5,7 +5,8 @@ JSON line per ``schedule()`` call to the file named by ``SERVEBOOK_STEP_LOG``. T
 needs no vLLM, tells the engine to do so (:func:`step_log_engine_args`) and reads the file.
 
 A step is ``{"t": s (time.monotonic), "total": tokens, "decodes": requests given 1 token,
-"prefills": [[tokens, prompt tokens, tokens computed before], ...]}``.
+"decode_ctx": tokens cached for those decodes (summed), "prefills": [[tokens, prompt tokens,
+tokens computed before], ...]}``.
 """
 from __future__ import annotations
 

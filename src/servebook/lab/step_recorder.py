@@ -7,6 +7,7 @@ path in the engine's environment. Each ``schedule()`` call then appends::
 
     {"t": <time.monotonic() when the step was scheduled, s>, "total": <tokens scheduled>,
      "decodes": <requests given exactly 1 token>,
+     "decode_ctx": <tokens already in the KV cache of those decoding requests, summed>,
      "prefills": [[tokens this step, prompt tokens, tokens computed before this step], ...]}
 
 ``total`` is vLLM's own ``SchedulerOutput.total_num_scheduled_tokens``. Scheduling is not
@@ -37,7 +38,7 @@ class _StepWriter:
     def write(self, scheduler, out) -> None:
         if self._file is None:
             return
-        prefills, decodes = [], 0
+        prefills, decodes, decode_ctx = [], 0, 0
         for req_id, n in out.num_scheduled_tokens.items():
             request = scheduler.requests.get(req_id)
             if request is None:
@@ -48,10 +49,12 @@ class _StepWriter:
             # A request past its prompt that gets one token is decoding; anything else is prefill.
             if n == 1 and before >= request.num_prompt_tokens:
                 decodes += 1
+                decode_ctx += before
             else:
                 prefills.append([int(n), int(request.num_prompt_tokens), int(before)])
         self._file.write(json.dumps({"t": time.monotonic(), "total": int(out.total_num_scheduled_tokens),
-                                     "decodes": decodes, "prefills": prefills}) + "\n")
+                                     "decodes": decodes, "decode_ctx": int(decode_ctx),
+                                     "prefills": prefills}) + "\n")
 
 
 class _RecordsSteps:

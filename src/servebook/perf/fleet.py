@@ -295,9 +295,9 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
                               f"{kv_budget / 2**30:.1f} GiB per GPU available; raise --tp, use --kv-cache-dtype fp8 "
                               "or shorten the requests (--input-tokens, --output-tokens or their spread)")
     ctx, weights = _running_contexts(workload)
-    # while decoding, vLLM frees sliding-window blocks that fell out of the window: hold window + one block
+    # while decoding, vLLM frees sliding-window blocks that fell out of the window (the run-time hold)
     kv_hold = _mean_kv_hold(spec, ctx, weights, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                            holds=sliding_holds(spec, CUDA_DEFAULT_BLOCK_SIZE))
+                            holds=sliding_holds(spec, running=True))
     batch_kv = int(kv_budget // kv_hold)
     if d.batch is not None:
         if d.batch > batch_kv:
@@ -388,7 +388,7 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
     Per-sequence bytes round the context up to whole 16-token blocks; sliding
-    layers hold their window plus one block. ``max_num_batched_tokens`` and
+    layers hold vLLM's run-time window (:func:`servebook.perf.work.running_sliding_hold_tokens`). ``max_num_batched_tokens`` and
     ``max_num_seqs`` (which size the profiled activations) default to vLLM's
     for the GPU (:func:`serve_batch_defaults`).
     """
@@ -398,8 +398,7 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
     budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     ctx = math.ceil(context_tokens / CUDA_DEFAULT_BLOCK_SIZE) * CUDA_DEFAULT_BLOCK_SIZE
-    per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype,
-                                          sliding_extra_tokens=CUDA_DEFAULT_BLOCK_SIZE))
+    per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype, running=True))
     if budget <= 0:
         return 0, budget, per_seq
     return int(budget // per_seq), budget, per_seq

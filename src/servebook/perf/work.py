@@ -35,7 +35,8 @@ from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
 from servebook.reductions import dot, is_number, pairwise_sum, require_numpy
 from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
-from servebook.vllm_rules.cache import sliding_window_hold_tokens
+from servebook.vllm_rules.cache import CUDA_DEFAULT_BLOCK_SIZE, sliding_window_hold_tokens, sliding_window_running_blocks
+from servebook.vllm_rules.scheduler import decode_unsettled_tokens
 from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu  # noqa: F401 (check_tp re-exported)
 
 #: Bytes per activation element moved by a TP all-reduce (bf16 activations).
@@ -403,16 +404,28 @@ def _allreduce_bytes(spec: ModelSpec, t, tp: int):
     return t * spec.hidden_size * ACTIVATION_BYTES
 
 
+def running_sliding_hold_tokens(sliding_window: int) -> int:
+    """Token slots a sliding layer holds for one decoding sequence on CUDA (whole 16-token blocks).
+
+    The run-time hold of :func:`servebook.vllm_rules.cache.sliding_window_running_blocks` with
+    async scheduling (the CUDA default), times the block size: about the window plus one block.
+    """
+    unsettled = decode_unsettled_tokens(async_scheduling=True)
+    return sliding_window_running_blocks(sliding_window, CUDA_DEFAULT_BLOCK_SIZE, unsettled) * CUDA_DEFAULT_BLOCK_SIZE
+
+
 def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
-                          kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0):
+                          kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0,
+                          running: bool = False):
     """KV bytes one GPU holds for one sequence of ``context_tokens`` tokens.
 
-    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens (vLLM
-    keeps a chunk's worth beyond the window; pass max-num-batched-tokens). Layers
-    that reuse another layer's cache hold nothing. Block rounding is ignored
-    (:mod:`servebook.kv_cache` models vLLM's pages exactly).
+    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens, vLLM's
+    admission booking (pass the in-flight tokens); with ``running=True`` they hold what a
+    decoding sequence keeps, :func:`running_sliding_hold_tokens` (blocks that left the
+    window are freed). Layers that reuse another layer's cache hold nothing. Block
+    rounding of full layers is ignored (:mod:`servebook.kv_cache` models vLLM's pages exactly).
     """
-    holds = sliding_holds(spec, sliding_extra_tokens)
+    holds = sliding_holds(spec, sliding_extra_tokens, running=running)
     if not is_number(context_tokens):
         np = require_numpy("kv_bytes_per_sequence over arrays")
         return _kv_bytes_per_sequence(spec, np.asarray(context_tokens, dtype=float), tp, kv_cache_dtype, holds,
@@ -420,11 +433,14 @@ def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
     return _kv_bytes_per_sequence(spec, float(context_tokens), tp, kv_cache_dtype, holds, min, lambda c: 0.0)
 
 
-def sliding_holds(spec: ModelSpec, sliding_extra_tokens: int = 0) -> dict[int, int]:
+def sliding_holds(spec: ModelSpec, sliding_extra_tokens: int = 0, running: bool = False) -> dict[int, int]:
     """``{window: tokens}``: what a sliding layer of each window holds at most for one sequence
-    (``window - 1 + sliding_extra_tokens``, :func:`kv_bytes_per_sequence`)."""
-    return {layer.sliding_window: sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens)
-            for layer in spec.layers if layer.sliding_window is not None}
+    (``window - 1 + sliding_extra_tokens``, or with ``running`` :func:`running_sliding_hold_tokens`;
+    see :func:`kv_bytes_per_sequence`)."""
+    def hold(window: int) -> int:
+        return running_sliding_hold_tokens(window) if running else sliding_window_hold_tokens(window, sliding_extra_tokens)
+
+    return {layer.sliding_window: hold(layer.sliding_window) for layer in spec.layers if layer.sliding_window is not None}
 
 
 def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, holds: dict, minimum, zero):

@@ -3,8 +3,9 @@
 Grouped like vLLM's own ``vllm/config/*`` (each name documents its unit and the
 vLLM source it mirrors; paths are relative to the ``vllm`` package):
 
-    cache        gpu_memory_utilization, block sizes, KV dtype bytes, the sliding-window hold
-    scheduler    batch defaults per GPU class, async scheduling, tokens in flight
+    cache        gpu_memory_utilization, block sizes, KV dtype bytes, the sliding-window holds
+                 (booked at admission, held while running)
+    scheduler    batch defaults per GPU class, async scheduling, tokens in flight (engine and per request)
     parallel     tensor-parallel validity, KV heads per GPU
     compilation  the largest CUDA-graph capture size
 
@@ -26,13 +27,16 @@ from servebook.vllm_rules.cache import (
     default_block_size,
     kv_dtype_bytes,
     sliding_window_hold_tokens,
+    sliding_window_running_blocks,
 )
 from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
 from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_gpu, tp_splits_heads
 from servebook.vllm_rules.scheduler import (
     LARGE_GPU_BYTES,
+    decode_unsettled_tokens,
     default_async_scheduling,
     in_flight_tokens,
+    max_concurrent_batches,
     vllm_batch_defaults,
 )
 
@@ -40,6 +44,7 @@ __all__ = [
     "BLOCK_SIZE_MULTIPLE", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE", "DEFAULT_CUDAGRAPH_MAX_TOKENS",
     "DEFAULT_GPU_MEMORY_UTILIZATION", "KV_DTYPE_BYTES", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
-    "default_async_scheduling", "default_block_size", "in_flight_tokens", "kv_dtype_bytes", "kv_heads_per_gpu",
-    "sliding_window_hold_tokens", "tp_splits_heads", "vllm_batch_defaults",
+    "decode_unsettled_tokens", "default_async_scheduling", "default_block_size", "in_flight_tokens",
+    "kv_dtype_bytes", "kv_heads_per_gpu", "max_concurrent_batches", "sliding_window_hold_tokens",
+    "sliding_window_running_blocks", "tp_splits_heads", "vllm_batch_defaults",
 ]

@@ -99,11 +99,40 @@ def check_block_size(block_size: int) -> None:
 
 
 def sliding_window_hold_tokens(sliding_window: int, in_flight_tokens: int) -> int:
-    """Most tokens (before capping at the context) a sliding-window layer holds for one request.
+    """Tokens (before capping at the context) vLLM *books* for one request in a sliding-window layer.
 
-    ``SlidingWindowSpec.max_admission_blocks_per_request`` (``v1/kv_cache_interface.py``):
-    the last ``window - 1`` tokens plus everything still in flight
-    (:func:`servebook.vllm_rules.scheduler.in_flight_tokens`). Callers cap it at the
-    request's context and add vLLM's one extra block where they count blocks.
+    The admission bound, ``SlidingWindowSpec.max_admission_blocks_per_request``
+    (``v1/kv_cache_interface.py``): the last ``window - 1`` tokens plus everything the engine
+    may have in flight (:func:`servebook.vllm_rules.scheduler.in_flight_tokens`). It sizes
+    the start-up log's ``Maximum concurrency`` (``get_max_concurrency_for_kv_cache_config``)
+    and caps what admitting a prompt may ask for; callers cap it at the request's context and
+    add vLLM's one extra block where they count blocks. What a running request actually holds
+    is smaller: :func:`sliding_window_running_blocks`.
     """
     return sliding_window - 1 + in_flight_tokens
+
+
+def sliding_window_running_blocks(sliding_window: int, block_size: int, unsettled_tokens: int) -> int:
+    """Most blocks a sliding-window group holds for one *running* request, once its window has slid.
+
+    The run-time rule (vLLM 0.27.1, ``v1/core/single_type_kv_cache_manager.py``), not the
+    admission bound of :func:`sliding_window_hold_tokens`:
+
+    * ``KVCacheManager.allocate_slots`` first calls ``SlidingWindowManager.remove_skipped_blocks``
+      with the processed prefix ``p`` (computed tokens minus those still in flight): every whole
+      block below ``p - window + 1`` (``get_num_skipped_tokens``) goes back to the free pool;
+    * then ``allocate_new_blocks`` gives the request ``cdiv(p + unsettled_tokens, block_size)``
+      block slots (``unsettled_tokens``: tokens past ``p`` that need a slot this step; for a
+      decode step :func:`servebook.vllm_rules.scheduler.decode_unsettled_tokens`, for a prefill
+      chunk the chunk plus any chunk still in flight).
+
+    Live blocks: ``cdiv(p + u, b) - floor((p - window + 1) / b)``. Over all positions of ``p``
+    (the window straddles a block boundary) the most is ``cdiv(window + u - 2, b) + 1``
+    blocks: about ``window / block_size`` plus one, whatever the context. A request shorter
+    than that holds ``cdiv(its tokens, b)``; callers take the smaller. Units: tokens in, blocks out.
+    """
+    for name, value in (("sliding_window", sliding_window), ("block_size", block_size),
+                        ("unsettled_tokens", unsettled_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ServebookError(f"{name} {value!r} is not allowed; use a positive number of tokens")
+    return -(-(sliding_window + unsettled_tokens - 2) // block_size) + 1

@@ -58,10 +58,33 @@ def default_async_scheduling(device: str = "cuda") -> bool:
     return device == "cuda"
 
 
+def max_concurrent_batches(async_scheduling: bool) -> int:
+    """Engine steps that may be scheduled but not yet processed: 2 with async scheduling, else 1.
+
+    ``VllmConfig.max_concurrent_batches`` (``config/vllm.py``) with pipeline parallelism 1.
+    """
+    return 2 if async_scheduling else 1
+
+
 def in_flight_tokens(max_num_batched_tokens: int, async_scheduling: bool) -> int:
     """Tokens the engine may have in flight: ``max_concurrent_batches x max_num_batched_tokens``.
 
     ``VllmConfig.max_in_flight_tokens`` (``config/vllm.py``): two batches with async
     scheduling, one without.
     """
-    return (2 if async_scheduling else 1) * max_num_batched_tokens
+    return max_concurrent_batches(async_scheduling) * max_num_batched_tokens
+
+
+def decode_unsettled_tokens(async_scheduling: bool, query_tokens: int = 1) -> int:
+    """Tokens of one decoding request that hold KV slots but are not yet processed, at allocation.
+
+    When the scheduler allocates a decode step (``KVCacheManager.allocate_slots``,
+    ``v1/core/kv_cache_manager.py``) the request needs slots up to ``num_computed_tokens +
+    query_tokens``, while ``remove_skipped_blocks`` frees on the processed prefix
+    ``num_computed_tokens - num_in_flight_tokens``. Without async scheduling nothing is in
+    flight: ``query_tokens`` (1 without speculation). With async scheduling the previous step's
+    tokens are still in flight (``AsyncScheduler`` advances ``num_computed_tokens`` and
+    ``num_in_flight_tokens`` at scheduling, ``v1/core/sched/scheduler.py``): twice that.
+    Tokens; ``query_tokens`` is 1 + speculative tokens per step.
+    """
+    return max_concurrent_batches(async_scheduling) * query_tokens

@@ -1,0 +1,66 @@
+"""A finite job's wall time: fleet's steady state plus the ramp and the drain, from the simulator.
+
+:func:`servebook.perf.fleet.plan` charges every request at the steady state's rate. A real job
+starts with an empty batch (every first prompt is prefilled before most decoding can start) and
+ends with a drain: the queue is empty, the last requests finish one after another at a falling
+batch, and each step still costs nearly a full one (the weights are read whatever the batch). On
+the H200 (labs/results/e2e/, 2026-12-01) jobs of one or two batches of requests took 1.1-2.1x
+fleet's time; replaying them in servebook's scheduler simulator with the same step-time model
+came within -14% to +10% for the Gemma-3-27B jobs (+56% for DeepSeek-V2-Lite, whose prefill
+steps the step model prices 43% low).
+
+:func:`finite_job_seconds` replays ``n = min(requests per replica, REPLAY_BATCHES x batch)``
+requests (lengths cycled through the workload's samples in a fixed shuffled order, all submitted
+at once) and adds what the replay took beyond the steady state's charge for those ``n`` requests
+to fleet's time: the ramp and the drain cost the same whether the job has ``n`` requests or a
+million. A job of at most ``n`` requests is the replay itself.
+"""
+from __future__ import annotations
+
+import random
+
+#: Requests replayed: this many times fleet's batch (the ramp and the drain are done by then).
+REPLAY_BATCHES = 4
+
+
+def _replay_requests(workload, n: int):
+    from servebook.simulator.workload import RequestSpec
+
+    ins, outs = list(workload.input_tokens.samples), list(workload.output_tokens.samples)
+    rng = random.Random(0)
+    order_in = [ins[i % len(ins)] for i in range(n)]
+    order_out = [outs[i % len(outs)] for i in range(n)]
+    rng.shuffle(order_in)
+    rng.shuffle(order_out)
+    return [RequestSpec(f"r{i}", max(1, round(a)), max(1, round(b))) for i, (a, b) in enumerate(zip(order_in, order_out))]
+
+
+def finite_job_seconds(workload, d, coeffs, steady=None) -> dict:
+    """Wall time (s) of ``workload`` on deployment ``d`` with the ramp and the drain.
+
+    ``steady`` is :func:`servebook.perf.fleet.plan`'s result for the same arguments (computed when
+    None). Returns ``seconds``, ``steady_seconds`` (fleet's), ``ramp_drain_s`` (their difference),
+    ``replayed_requests`` and ``output_tokens_per_s``.
+    """
+    from servebook.perf.fleet import plan
+    from servebook.perf.work import kv_bytes_per_sequence
+    from servebook.simulator import SchedulerConfig, simulate
+    from servebook.simulator.step_time import perf_step_time
+    from servebook.vllm_rules import CUDA_DEFAULT_BLOCK_SIZE, cudagraph_max_tokens
+
+    p = steady or plan(workload, d, coeffs)
+    per_replica = workload.requests / p.replicas
+    n = int(min(per_replica, REPLAY_BATCHES * max(p.batch, 1)))
+    n = max(n, 1)
+    block_bytes = float(kv_bytes_per_sequence(d.spec, CUDA_DEFAULT_BLOCK_SIZE, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype))
+    longest = int(workload.input_tokens.max + workload.output_tokens.max) + 1
+    config = SchedulerConfig(num_blocks=max(1, int(p.kv_budget_bytes_per_gpu // block_bytes)), max_num_seqs=d.max_num_seqs,
+                             max_num_batched_tokens=d.max_num_batched_tokens, max_model_len=longest)
+    graph = d.cudagraph_max_tokens or cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens)
+    step = perf_step_time(d.spec, d.gpu, coeffs, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype, cudagraph_max_tokens=graph)
+    replay = simulate(_replay_requests(workload, n), config, step).summary()["makespan_s"]
+    steady_s = p.hours * 3600
+    extra = replay - steady_s * n / per_replica
+    total = steady_s + extra
+    return {"seconds": total, "steady_seconds": steady_s, "ramp_drain_s": extra, "replayed_requests": n,
+            "output_tokens_per_s": workload.requests * workload.output_tokens.mean / total}

@@ -1,0 +1,59 @@
+"""servebook.perf.finite_job: fleet's steady state plus the ramp and drain replayed in the simulator."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from servebook.hf_config import load_model_spec
+from servebook.perf.finite_job import REPLAY_BATCHES, finite_job_seconds
+from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+from servebook.perf.gpu import gpu_numbers
+from servebook.perf.model import calibrated_coefficients
+
+
+@pytest.fixture(scope="module")
+def setup():
+    g = gpu_numbers("h200")
+    coeffs, _ = calibrated_coefficients(g.name)
+    d = Deployment(name="llama", spec=load_model_spec("llama-3.1-8b"), gpu=g, gpus=1, max_num_seqs=64,
+                   max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
+    return d, coeffs
+
+
+def _work(n, out_mean=400):
+    return Workload(n, LengthDistribution.lognormal(300, 0.5, n=32), LengthDistribution.lognormal(out_mean, 0.5, n=32))
+
+
+def test_a_small_job_is_slower_than_the_steady_state(setup):
+    d, coeffs = setup
+    f = finite_job_seconds(_work(128), d, coeffs)
+    assert f["replayed_requests"] == 128
+    # two batches of requests: the drain at a falling batch costs more than the steady state charges
+    assert f["ramp_drain_s"] > 0 and f["seconds"] == pytest.approx(f["steady_seconds"] + f["ramp_drain_s"])
+    assert f["output_tokens_per_s"] * f["seconds"] == pytest.approx(128 * _work(128).output_tokens.mean)
+
+
+def test_the_ramp_and_drain_do_not_grow_with_the_job(setup):
+    d, coeffs = setup
+    small, big = finite_job_seconds(_work(10_000), d, coeffs), finite_job_seconds(_work(100_000), d, coeffs)
+    assert small["replayed_requests"] == big["replayed_requests"] == REPLAY_BATCHES * plan(_work(10_000), d, coeffs).batch
+    assert big["ramp_drain_s"] == pytest.approx(small["ramp_drain_s"], rel=1e-9)
+    assert big["steady_seconds"] == pytest.approx(10 * small["steady_seconds"], rel=1e-9)
+    assert big["ramp_drain_s"] < 0.01 * big["seconds"]
+
+
+def test_cli_reports_the_finite_job_and_refuses_speculation():
+    base = [sys.executable, "-m", "servebook", "fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "2",
+            "--requests", "600", "--input-tokens", "750", "--input-cv", "0.5", "--output-tokens", "260",
+            "--output-cv", "0.5", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--finite-job"]
+    out = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout)
+    f = out["finite_job"]
+    assert f["seconds"] > f["steady_seconds"] == pytest.approx(out["hours"] * 3600)
+    assert f["replayed_requests"] == 300  # a replica's share: 600 requests over 2 replicas
+    text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    assert "finite job:" in text and "ramp and drain" in text
+    bad = subprocess.run(base + ["--spec-k", "2", "--spec-alpha", "0.7"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--finite-job" in bad.stderr
