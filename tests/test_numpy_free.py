@@ -126,3 +126,13 @@ def test_what_needs_numpy_says_so_without_it(call, needs):
     done = _run(BLOCK_NUMPY + call)
     assert done.returncode != 0
     assert "ServebookError" in done.stderr and needs in done.stderr and "needs numpy" in done.stderr
+
+
+def test_every_live_page_calculator_is_offered_without_numpy():
+    """servebook.live (the pages' "Run live") offers a calculator only when its modules import; under
+    Pyodide there is no numpy, so each one must import without it."""
+    done = _run(BLOCK_NUMPY + "import json\nfrom servebook import live\n"
+                "o = live.options()\nprint(json.dumps([o['unavailable'], sorted(o['calculators'])]))")
+    assert done.returncode == 0, done.stderr
+    unavailable, offered = json.loads(done.stdout)
+    assert unavailable == {} and len(offered) >= 4, (unavailable, offered)
