@@ -1,7 +1,13 @@
-"""How long the scheduler simulator takes for 10,000 requests (goal: under 10 s on one core).
+"""How long the scheduler simulator takes for 10,000 requests.
 
-Prints the CPU time of each run and its ratio to the goal (< 1.0 meets it). Not a test:
-timings depend on the machine. Run: ``python benchmarks/bench_simulator.py [--requests N]``.
+Goals (issue 20): ``servebook simulate --requests 10000 --config llama-3.1-8b --gpu h200`` (the
+calibrated clock) in at most 5 s on a 2-core machine, and no slower than the stand-in clock
+(``servebook simulate --requests 10000``); the policy runs below have the older goal of 10 s.
+Prints the CPU time of each run, its ratio to the goal (< 1.0 meets it) and, for the command
+line, the calibrated-to-stand-in ratio (<= 1.0 meets it). Each case runs ``--repeat`` times
+(alternating) and the fastest is kept: on a shared machine the slower runs measure the
+neighbours. Not a test: timings depend on the machine.
+Run: ``python benchmarks/bench_simulator.py [--requests N] [--repeat R]``.
 
 Two sets of runs, each with both step clocks -- the stand-in (``LinearStepTime``) and the
 calibrated performance model (``PerfStepTime``, ``--perf-model`` on ``--perf-gpu``):
@@ -23,12 +29,13 @@ import time
 from servebook.simulator import SchedulerConfig, simulate, synthetic_workload
 from servebook.simulator.step_time import perf_step_time_for
 
-GOAL_S = 10.0
+GOAL_S = 10.0  # the policy runs
+CLI_GOAL_S = 5.0  # `servebook simulate --requests 10000` with either clock
 
 
-def _report(case: str, cpu: float, wall: float, detail: str) -> None:
+def _report(case: str, cpu: float, wall: float, detail: str, goal_s: float = GOAL_S) -> None:
     # CPU time is what one core spends; wall time also counts other processes on a shared machine.
-    print(f"{case:22s} cpu {cpu:6.2f} s (wall {wall:6.2f} s)  ratio to {GOAL_S:.0f} s goal: {cpu / GOAL_S:.2f}  {detail}")
+    print(f"{case:22s} cpu {cpu:6.2f} s (wall {wall:6.2f} s)  ratio to {goal_s:.0f} s goal: {cpu / goal_s:.2f}  {detail}")
 
 
 def _policies(args) -> None:
@@ -56,16 +63,23 @@ def _cli(args) -> None:
     from servebook.cli import main
 
     runs = [("cli stand-in", ["simulate", "--requests", str(args.requests)]),
-            ("cli --step-model perf", ["simulate", "--requests", str(args.requests), "--step-model", "perf",
-                                       "--config", args.perf_model, "--gpu", args.perf_gpu])]
-    for case, argv in runs:
-        out = io.StringIO()
-        t0, c0 = time.perf_counter(), time.process_time()
-        with contextlib.redirect_stdout(out):
-            rc = main(argv)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        steps = next((line.split()[1] for line in out.getvalue().splitlines() if line.startswith("steps")), "?")
-        _report(case, cpu, wall, f"(servebook {' '.join(argv)}: exit {rc}, {steps} steps)")
+            ("cli calibrated", ["simulate", "--requests", str(args.requests),
+                                "--config", args.perf_model, "--gpu", args.perf_gpu])]
+    best: dict[str, tuple[float, float, str]] = {}
+    for _ in range(args.repeat):
+        for case, argv in runs:
+            out = io.StringIO()
+            t0, c0 = time.perf_counter(), time.process_time()
+            with contextlib.redirect_stdout(out):
+                rc = main(argv)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            steps = next((line.split()[1] for line in out.getvalue().splitlines() if line.startswith("steps")), "?")
+            if case not in best or cpu < best[case][0]:
+                best[case] = (cpu, wall, f"(servebook {' '.join(argv)}: exit {rc}, {steps} steps)")
+    for case, _ in runs:
+        _report(case, *best[case], goal_s=CLI_GOAL_S)
+    ratio = best["cli calibrated"][0] / best["cli stand-in"][0]
+    print(f"calibrated / stand-in cpu: {ratio:.2f} (goal: <= 1.00, the calibrated clock no slower)")
 
 
 def main() -> None:
@@ -78,6 +92,7 @@ def main() -> None:
                         help="also time `servebook simulate` with both step clocks")
     parser.add_argument("--perf-model", default="llama-3.1-8b", help="model of the perf cases")
     parser.add_argument("--perf-gpu", default="h200", help="GPU of the perf cases")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each command-line case; the fastest is kept")
     args = parser.parse_args()
     if args.policies:
         _policies(args)

@@ -20,6 +20,7 @@ concept:
     simulator     discrete-event model of vLLM's scheduler
     lab           harness that starts real engines for the GPU labs
     drills/       interview drills: model, exhibits, grading, rendering, calls
+    reductions    sums, means, percentiles of floats with numpy's digits, without numpy (numpy is optional)
     records       where recorded lab results are (the one module that knows labs/results)
     figures       the chapter pages' figures, drawn at page width from data the page loaded
     shipped       paths of the data shipped in the package

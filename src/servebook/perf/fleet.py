@@ -24,8 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
@@ -36,9 +34,13 @@ from servebook.perf.work import (
     check_sequence_length,
     decode_work,
     kv_bytes_per_sequence,
+    kv_dtype_bytes,
+    kv_elements_per_token_per_gpu,
+    sliding_holds,
     prefill_work,
     prompt_chunks,
 )
+from servebook.reductions import dot, mean, pairwise_sum
 from servebook.vllm_rules import (
     CUDA_DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -83,11 +85,11 @@ class LengthDistribution:
 
     @property
     def mean(self) -> float:
-        return float(np.mean(self.samples))
+        return mean(self.samples)
 
     @property
     def max(self) -> float:
-        return float(np.max(self.samples))
+        return float(max(self.samples))
 
 
 @dataclass(frozen=True)
@@ -189,14 +191,45 @@ def kv_budget_bytes_per_gpu(spec: ModelSpec, gpu, *, tp: int, gpu_memory_utiliza
     return float(b.available_kv_bytes), f"servebook.memory.memory_budget ({b.coefficients_status} coefficients)"
 
 
-def _running_contexts(w: Workload, points_per_sequence: int = 8):
-    """Contexts of running sequences and their time weights (a sequence is present ~ its output length)."""
-    i = np.asarray(w.input_tokens.samples)[:, None, None]
-    o = np.asarray(w.output_tokens.samples)[None, :, None]
-    frac = (np.arange(points_per_sequence) + 0.5)[None, None, :] / points_per_sequence
-    ctx = (i + o * frac).ravel()
-    weight = np.broadcast_to(o / points_per_sequence, (i.shape[0], o.shape[1], points_per_sequence)).ravel()
-    return ctx, weight / weight.sum()
+def _running_contexts(w: Workload, points_per_sequence: int = 8) -> tuple[list[float], list[float]]:
+    """Contexts of running sequences and their time weights (a sequence is present ~ its output length).
+
+    Every (input, output) pair of samples, at ``points_per_sequence`` evenly spaced moments of its
+    decode; weights proportional to the output length, summing to 1.
+    """
+    frac = [(j + 0.5) / points_per_sequence for j in range(points_per_sequence)]
+    outputs = [float(o) for o in w.output_tokens.samples]
+    ctx = [i + o * f for i in (float(x) for x in w.input_tokens.samples) for o in outputs for f in frac]
+    per_output = [o / points_per_sequence for o in outputs]
+    weight = [p for _ in w.input_tokens.samples for p in per_output for _ in frac]
+    total = pairwise_sum(weight)
+    return ctx, [x / total for x in weight]
+
+
+def _mean_kv_hold(spec: ModelSpec, ctx: list[float], weights: list[float], *, tp: int, kv_cache_dtype: str,
+                  holds: dict) -> float:
+    """``sum(weights x kv_bytes_per_sequence(ctx))``: KV bytes a running sequence holds on average (per GPU).
+
+    ``holds``: tokens a sliding layer holds per window (:func:`servebook.perf.work.sliding_holds`).
+    Per layer group (full attention, each window) rather than per context: the weighted mean of the
+    tokens a group holds times its bytes per token, so a 32,768-point distribution costs a few
+    passes, not one per layer.
+    """
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    per_group: dict = {}
+    for layer in spec.layers:
+        if layer.owns_cache:
+            per_group[layer.sliding_window] = (per_group.get(layer.sliding_window, 0.0)
+                                               + kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes)
+    total = 0.0
+    for window, bytes_per_token in per_group.items():
+        if window is None:
+            held = ctx
+        else:
+            cap = float(holds[window])
+            held = [c if c <= cap else cap for c in ctx]
+        total += dot(weights, held) * bytes_per_token
+    return total
 
 
 def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int, kv: str) -> Work:
@@ -263,8 +296,8 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
                               "or shorten the requests (--input-tokens, --output-tokens or their spread)")
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window (the run-time hold)
-    kv_hold = float(np.dot(weights, kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                                                          running=True)))
+    kv_hold = _mean_kv_hold(spec, ctx, weights, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
+                            holds=sliding_holds(spec, running=True))
     batch_kv = int(kv_budget // kv_hold)
     if d.batch is not None:
         if d.batch > batch_kv:
@@ -328,7 +361,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         notes.append("TP all-reduce cost not calibrated (no TP>1 measurements): bandwidth term only, a lower bound")
     return FleetPlan(
         name=d.name, replicas=replicas, gpus=d.gpus, tp=tp, batch=int(batch), batch_kv_bound=batch_kv, bound=bound,
-        mean_running_context_tokens=float(np.dot(weights, ctx)), tokens_per_step=e_tok, step_s=step,
+        mean_running_context_tokens=dot(weights, ctx), tokens_per_step=e_tok, step_s=step,
         draft_s=draft_s, prefill_tokens_per_step=finish_per_step * mean_in, steps_per_replica=steps,
         prefill_hours=steps * (step - decode_only) / 3600, decode_hours=steps * (decode_only + draft_s) / 3600,
         hours=hours, gpu_hours=hours * d.gpus, cost=hours * d.gpus * d.price_per_gpu_hour,

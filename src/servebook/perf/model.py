@@ -35,12 +35,11 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
-
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf._arith import maximum, where
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
+from servebook.reductions import is_number, require_numpy
 from servebook.perf.work import (
     Work,
     _allreduce_bytes,
@@ -125,7 +124,12 @@ class Coefficients:
 
 
 def smoothmax(a, b, p: float):
-    """``(a^p + b^p)^(1/p)``: equals max(a, b) as p grows, their sum at p = 1."""
+    """``(a^p + b^p)^(1/p)``: equals max(a, b) as p grows, their sum at p = 1.
+
+    Two numbers give a float (no numpy needed); arrays give a numpy array."""
+    if is_number(a) and is_number(b):
+        return _smoothmax(float(a), float(b), p)
+    np = require_numpy("smoothmax over arrays")
     return _smoothmax(np.asarray(a, dtype=float), np.asarray(b, dtype=float), p)
 
 
@@ -162,8 +166,10 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
-    ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool).
+    ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool). Needs numpy (calibration
+    and sweeps use it); :class:`StepPricer` prices one step in floats without it.
     """
+    np = require_numpy("step_seconds (the step-time formula over arrays)")
     return _step_seconds(g, c, weight_bytes=np.asarray(weight_bytes), expert_bytes=np.asarray(expert_bytes),
                          tokens=np.asarray(tokens, dtype=float), sequences=np.asarray(sequences, dtype=float),
                          linear_flops=np.asarray(linear_flops), kv_read_bytes=np.asarray(kv_read_bytes),
@@ -262,6 +268,11 @@ class StepPricer:
         try:
             out = _step_seconds(self.gpu, self.coeffs, **args)
         except (ZeroDivisionError, OverflowError):  # e.g. a step of no tokens: numpy's inf/nan, as over arrays
+            try:
+                require_numpy("")
+            except ServebookError:
+                raise ServebookError(f"a step of {t:g} tokens has no finite time in the step model; "
+                                     "price steps of at least one token") from None
             out = {k: v[()] for k, v in step_seconds(self.gpu, self.coeffs, **args).items()}
         out["expert_bytes"] = expert_bytes
         return out

@@ -10,45 +10,74 @@ read grows with the batch too.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.work import decode_work, dense_weight_bytes_read, expert_weight_bytes_read, prefill_work
+from servebook.reductions import is_number
+
+
+def _vector(values: list[float]):
+    """``values`` as a numpy array when numpy is installed (for plots and array arithmetic), else the list."""
+    try:
+        import numpy as np
+    except ImportError:
+        return values
+    return np.array(values, dtype=float)
+
+
+def _floats(x) -> list[float]:
+    """A number, sequence or array of numbers as a list of floats (``numpy.atleast_1d``)."""
+    if is_number(x):
+        return [float(x)]
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+        if not isinstance(x, list):
+            return [float(x)]
+    return [float(v) for v in x]
 
 
 def decode_intensity(spec: ModelSpec, batches, context_tokens: float, *, tp: int = 1,
                      kv_cache_dtype: str = "auto") -> dict:
-    """FLOPs, bytes and FLOP/byte of one decode step for each batch size (per GPU)."""
-    b = np.atleast_1d(np.asarray(batches, dtype=float))
+    """FLOPs, bytes and FLOP/byte of one decode step for each batch size (per GPU).
+
+    Values are numpy arrays when numpy is installed, lists of floats otherwise (computed in floats either way).
+    """
+    b = _floats(batches)
     flops, nbytes = [], []
     for batch in b:
         w = decode_work(spec, batch, context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
         flops.append(w.linear_flops + w.attention_flops)
         nbytes.append(dense_weight_bytes_read(spec, tp) + float(expert_weight_bytes_read(spec, w.tokens, tp))
                       + w.kv_read_bytes)
-    flops, nbytes = np.array(flops), np.array(nbytes)
-    return {"batch": b, "flops": flops, "bytes": nbytes, "intensity_flops_per_byte": flops / nbytes}
+    return {"batch": _vector(b), "flops": _vector(flops), "bytes": _vector(nbytes),
+            "intensity_flops_per_byte": _vector([f / n for f, n in zip(flops, nbytes)])}
 
 
 def prefill_intensity(spec: ModelSpec, tokens, *, tp: int = 1) -> dict:
-    """FLOPs, bytes and FLOP/byte of prefilling one prompt of each length in one step (per GPU)."""
-    n = np.atleast_1d(np.asarray(tokens, dtype=float))
+    """FLOPs, bytes and FLOP/byte of prefilling one prompt of each length in one step (per GPU).
+
+    Values are numpy arrays when numpy is installed, lists of floats otherwise.
+    """
+    n = _floats(tokens)
     flops, nbytes = [], []
     for t in n:
         w = prefill_work(spec, int(t), tp=tp)
         flops.append(w.linear_flops + w.attention_flops)
         nbytes.append(dense_weight_bytes_read(spec, tp) + float(expert_weight_bytes_read(spec, t, tp))
                       + w.kv_read_bytes)
-    flops, nbytes = np.array(flops), np.array(nbytes)
-    return {"tokens": n, "flops": flops, "bytes": nbytes, "intensity_flops_per_byte": flops / nbytes}
+    return {"tokens": _vector(n), "flops": _vector(flops), "bytes": _vector(nbytes),
+            "intensity_flops_per_byte": _vector([f / b for f, b in zip(flops, nbytes)])}
 
 
-def attainable_flops(gpu, intensity) -> np.ndarray:
-    """Roofline ceiling: ``min(peak FLOP/s, bandwidth x intensity)`` in FLOP/s (bf16)."""
+def attainable_flops(gpu, intensity):
+    """Roofline ceiling: ``min(peak FLOP/s, bandwidth x intensity)`` in FLOP/s (bf16).
+
+    A float for a number, a numpy array (a list without numpy) for an array or list.
+    """
     g = gpu_numbers(gpu)
-    i = np.asarray(intensity, dtype=float)
-    return np.minimum(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * i)
+    if is_number(intensity):
+        return min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * float(intensity))
+    return _vector([min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * i) for i in _floats(intensity)])
 
 
 def ridge_batch(spec: ModelSpec, gpu, context_tokens: float, *, tp: int = 1, kv_cache_dtype: str = "auto",

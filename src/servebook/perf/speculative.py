@@ -27,19 +27,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.model import Coefficients, decode_step
+from servebook.reductions import is_number, require_numpy
 
 METHODS = ("draft_model", "eagle", "mtp", "ngram")
 
 
 def expected_tokens_per_step(k: int, alpha):
-    """``(1 - alpha^(k+1)) / (1 - alpha)`` tokens per sequence per step (``k + 1`` at ``alpha = 1``)."""
+    """``(1 - alpha^(k+1)) / (1 - alpha)`` tokens per sequence per step (``k + 1`` at ``alpha = 1``).
+
+    A float for a number ``alpha`` (no numpy needed), a numpy array for an array of them."""
     if int(k) != k or k < 0:
         raise ServebookError(f"number of draft tokens must be a whole number >= 0, got {k}")
+    if is_number(alpha):
+        a = float(alpha)
+        if not 0.0 <= a <= 1.0:
+            raise ServebookError(f"acceptance must be a probability in [0, 1], got {alpha}")
+        return (1.0 - a ** (k + 1)) / (1.0 - a) if a < 1.0 else k + 1.0
+    np = require_numpy("expected_tokens_per_step over an array of acceptances")
     a = np.asarray(alpha, dtype=float)
     if np.any((a < 0) | (a > 1)):
         raise ServebookError(f"acceptance must be a probability in [0, 1], got {alpha}")
@@ -169,7 +176,7 @@ def best_k(spec: ModelSpec, gpu, coeffs: Coefficients, *, alpha: float, batch: i
     speed = [speculative_step(spec, gpu, coeffs, k=k, alpha=alpha, batch=batch, context_tokens=context_tokens,
                               drafter=drafter, tp=tp, kv_cache_dtype=kv_cache_dtype).speedup
              for k in range(k_max + 1)]
-    return int(np.argmax(speed))
+    return speed.index(max(speed))  # the first best, as numpy.argmax
 
 
 def k_schedule(spec: ModelSpec, gpu, coeffs: Coefficients, *, alpha: float, context_tokens: float,

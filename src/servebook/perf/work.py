@@ -30,11 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from servebook.errors import ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
+from servebook.reductions import dot, is_number, pairwise_sum, require_numpy
 from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
 from servebook.vllm_rules.cache import CUDA_DEFAULT_BLOCK_SIZE, sliding_window_hold_tokens, sliding_window_running_blocks
 from servebook.vllm_rules.scheduler import decode_unsettled_tokens
@@ -91,12 +90,20 @@ def causal_keys(prior_tokens, new_tokens, window: int | None):
     """Keys attended in total by ``new_tokens`` queries appended after ``prior_tokens``.
 
     Query ``i`` (1-based position ``prior + i``) attends ``min(prior + i, window)``
-    keys. Closed form, vectorised over numpy arrays; two Python numbers give a float
-    (the same formula without numpy calls, which cost microseconds per scalar).
+    keys. Closed form: two numbers give a float (no numpy needed); arrays or lists give a
+    numpy array (numpy needed).
     """
-    if isinstance(prior_tokens, (int, float)) and isinstance(new_tokens, (int, float)):
+    if is_number(prior_tokens) and is_number(new_tokens):
         return _causal_keys(float(prior_tokens), float(new_tokens), window)
+    np = require_numpy("causal_keys over arrays")
     return _causal_keys(np.asarray(prior_tokens, dtype=float), np.asarray(new_tokens, dtype=float), window)
+
+
+def _float_or_array(tokens, what: str):
+    """A number as a float; a sequence or array as a float numpy array (numpy needed for those)."""
+    if is_number(tokens):
+        return float(tokens)
+    return require_numpy(what).asarray(tokens, dtype=float)
 
 
 def _causal_keys(p, n, window: int | None):
@@ -133,8 +140,10 @@ def expert_flops_per_token(spec: ModelSpec) -> float:
 
 
 def tokens_per_touched_expert(spec: ModelSpec, tokens):
-    """Rows each touched expert's GEMM gets in a step of ``tokens`` tokens (``tokens x k / distinct``)."""
-    return _tokens_per_touched_expert(spec, np.asarray(tokens, dtype=float))
+    """Rows each touched expert's GEMM gets in a step of ``tokens`` tokens (``tokens x k / distinct``).
+
+    A float for a number of tokens, a numpy array for an array of them."""
+    return _tokens_per_touched_expert(spec, _float_or_array(tokens, "tokens_per_touched_expert over arrays"))
 
 
 def _tokens_per_touched_expert(spec: ModelSpec, t):
@@ -145,9 +154,11 @@ def _tokens_per_touched_expert(spec: ModelSpec, t):
     return where(distinct > 0, t * spec.moe.experts_per_token / maximum(distinct, 1e-12), 0.0)
 
 
-def expected_distinct_experts(spec: ModelSpec, tokens) -> np.ndarray:
-    """Expected distinct routed experts per MoE layer touched by ``tokens`` tokens (uniform routing)."""
-    return _expected_distinct_experts(spec, np.asarray(tokens, dtype=float))
+def expected_distinct_experts(spec: ModelSpec, tokens):
+    """Expected distinct routed experts per MoE layer touched by ``tokens`` tokens (uniform routing).
+
+    A float for a number of tokens, a numpy array for an array of them."""
+    return _expected_distinct_experts(spec, _float_or_array(tokens, "expected_distinct_experts over arrays"))
 
 
 def _expected_distinct_experts(spec: ModelSpec, t):
@@ -165,9 +176,11 @@ def dense_weight_bytes_read(spec: ModelSpec, tp: int = 1) -> float:
     return (spec.weight_bytes - expert_bytes - embedding_bytes) / tp
 
 
-def expert_weight_bytes_read(spec: ModelSpec, tokens, tp: int = 1) -> np.ndarray:
-    """Routed-expert weight bytes one GPU reads in a step of ``tokens`` tokens."""
-    return _expert_weight_bytes_read(spec, np.asarray(tokens, dtype=float), tp)
+def expert_weight_bytes_read(spec: ModelSpec, tokens, tp: int = 1):
+    """Routed-expert weight bytes one GPU reads in a step of ``tokens`` tokens.
+
+    A float for a number of tokens, a numpy array for an array of them."""
+    return _expert_weight_bytes_read(spec, _float_or_array(tokens, "expert_weight_bytes_read over arrays"), tp)
 
 
 def _expert_weight_bytes_read(spec: ModelSpec, t, tp: int):
@@ -224,18 +237,35 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
             per-sequence work is used, so sliding windows are capped per sequence).
         query_tokens: new tokens per sequence this step (1 + drafts when verifying
             speculative tokens).
+
+    Numbers, lists or numpy arrays; computed in Python floats (no numpy needed). The
+    weighted mean context of each window is :func:`servebook.reductions.dot` (correctly
+    rounded), so a distribution gives the same result on every machine.
     """
-    ctx = np.atleast_1d(np.asarray(context_tokens, dtype=float))
-    if np.any(ctx < 0):
+    ctx = _floats(context_tokens)
+    if any(c < 0 for c in ctx):
         raise ServebookError("context must be >= 0 tokens")
-    w = np.ones_like(ctx) if context_weights is None else np.asarray(context_weights, dtype=float)
-    w = w / w.sum()
+    if context_weights is None:
+        w = [1.0] * len(ctx)
+    else:
+        w = _floats(context_weights)
+        if len(w) != len(ctx):
+            raise ServebookError(f"{len(w)} context weights for {len(ctx)} contexts; give one weight per context")
+    if len(w) == 1:
+        w = [w[0] / w[0]]
+    else:
+        total = pairwise_sum(w)
+        w = [x / total for x in w]
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
     kv_bytes = 0.0
     attn_flops = 0.0
+    mean_keys_by_window: dict = {}
     for layer in spec.layers:
-        keys = ctx if layer.sliding_window is None else np.minimum(ctx, layer.sliding_window)
-        mean_keys = float(np.dot(w, keys))
+        window = layer.sliding_window
+        mean_keys = mean_keys_by_window.get(window)
+        if mean_keys is None:
+            keys = ctx if window is None else [c if c <= window else float(window) for c in ctx]
+            mean_keys = mean_keys_by_window[window] = w[0] * keys[0] if len(ctx) == 1 else dot(w, keys)
         kv_bytes += mean_keys * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
         q_heads = spec.num_attention_heads / tp
         # each of the q query tokens attends (about) the whole context
@@ -276,12 +306,20 @@ class PrefillWork:
         self.matmul_params = matmul_params_per_token(spec)
         self.head_params = _head_params(spec)
         self.expert_flops_per_token = expert_flops_per_token(spec)
+        self.groups = _integer_layer_groups(self.layers, self.dtype_bytes)
 
     def __call__(self, tokens, prior_tokens=0, last_chunk: bool = True) -> tuple[float, ...]:
         n = float(tokens)
         p = float(prior_tokens)
         if n < 1 or p < 0:
             raise ServebookError(f"a prefill chunk needs >= 1 token and >= 0 prior tokens, got {tokens}, {prior_tokens}")
+        if self.groups and n.is_integer() and p.is_integer():
+            summed = _attention_and_kv_in_integers(self.groups, int(n), int(p))
+            if summed is not None:
+                attn_flops, kv_bytes = summed
+                sampled = 1.0 if last_chunk else 0.0
+                linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
+                return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
         dtype_bytes = self.dtype_bytes
         attn_flops = 0.0
         kv_bytes = 0.0
@@ -293,6 +331,46 @@ class PrefillWork:
         sampled = 1.0 if last_chunk else 0.0
         linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
         return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
+
+
+#: Whole numbers up to this are exact in a float64, and so are sums of them that stay below it.
+_EXACT_INT = 2 ** 53
+
+
+def _integer_layer_groups(layers, dtype_bytes: int) -> tuple | None:
+    """``((window, attention FLOPs per key, KV bytes per token), ...)`` summed over the layers of each window,
+    as integers; None when a per-layer figure is not a whole number (then no exact shortcut exists)."""
+    groups: dict = {}
+    for window, flops_per_key, kv_elements in layers:
+        kv = kv_elements * dtype_bytes
+        if not (float(flops_per_key).is_integer() and float(kv).is_integer()):
+            return None
+        f, b = groups.get(window, (0, 0))
+        groups[window] = (f + int(flops_per_key), b + int(kv))
+    return tuple((w, f, b) for w, (f, b) in groups.items())
+
+
+def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float] | None:
+    """A prefill chunk's attention FLOPs and KV bytes, summed over layer groups in integers.
+
+    :class:`PrefillWork` adds one whole number per layer in floats; while every term and partial
+    sum is below 2**53 each of those additions is exact, so the integer sum here is the same float.
+    None when a sum reaches 2**53 (then the caller adds per layer, as before).
+    """
+    if n * (n + 1) >= _EXACT_INT:
+        return None
+    attn = kv = 0
+    for window, flops_per_key, kv_per_token in groups:
+        if window is None:
+            keys, prior_read = n * p + n * (n + 1) // 2, p
+        else:
+            k = min(max(window - p, 0), n)  # queries whose position is <= window
+            keys, prior_read = k * p + k * (k + 1) // 2 + (n - k) * window, min(p, window)
+        attn += flops_per_key * keys
+        kv += (prior_read + n) * kv_per_token
+    if attn >= _EXACT_INT or kv >= _EXACT_INT:
+        return None
+    return float(attn), float(kv)
 
 
 def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
@@ -313,8 +391,10 @@ def allreduce_count(spec: ModelSpec, tp: int) -> int:
 
 
 def allreduce_bytes(spec: ModelSpec, tokens, tp: int):
-    """Bytes one all-reduce moves: a ``tokens x hidden`` activation in bf16 (0 when ``tp == 1``)."""
-    return _allreduce_bytes(spec, np.asarray(tokens, dtype=float), tp)
+    """Bytes one all-reduce moves: a ``tokens x hidden`` activation in bf16 (0 when ``tp == 1``).
+
+    A float for a number of tokens, a numpy array for an array of them."""
+    return _allreduce_bytes(spec, _float_or_array(tokens, "allreduce_bytes over arrays"), tp)
 
 
 def _allreduce_bytes(spec: ModelSpec, t, tp: int):
@@ -345,17 +425,42 @@ def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
     window are freed). Layers that reuse another layer's cache hold nothing. Block
     rounding of full layers is ignored (:mod:`servebook.kv_cache` models vLLM's pages exactly).
     """
-    ctx = np.asarray(context_tokens, dtype=float)
+    holds = sliding_holds(spec, sliding_extra_tokens, running=running)
+    if not is_number(context_tokens):
+        np = require_numpy("kv_bytes_per_sequence over arrays")
+        return _kv_bytes_per_sequence(spec, np.asarray(context_tokens, dtype=float), tp, kv_cache_dtype, holds,
+                                      np.minimum, np.zeros_like)
+    return _kv_bytes_per_sequence(spec, float(context_tokens), tp, kv_cache_dtype, holds, min, lambda c: 0.0)
+
+
+def sliding_holds(spec: ModelSpec, sliding_extra_tokens: int = 0, running: bool = False) -> dict[int, int]:
+    """``{window: tokens}``: what a sliding layer of each window holds at most for one sequence
+    (``window - 1 + sliding_extra_tokens``, or with ``running`` :func:`running_sliding_hold_tokens`;
+    see :func:`kv_bytes_per_sequence`)."""
+    def hold(window: int) -> int:
+        return running_sliding_hold_tokens(window) if running else sliding_window_hold_tokens(window, sliding_extra_tokens)
+
+    return {layer.sliding_window: hold(layer.sliding_window) for layer in spec.layers if layer.sliding_window is not None}
+
+
+def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, holds: dict, minimum, zero):
+    """:func:`kv_bytes_per_sequence` of a float (``minimum=min``) or a float array (``np.minimum``)."""
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
-    total = np.zeros_like(ctx)
+    total = zero(ctx)
     for layer in spec.layers:
         if not layer.owns_cache:
             continue
-        if layer.sliding_window is None:
-            held = ctx
-        elif running:
-            held = np.minimum(ctx, running_sliding_hold_tokens(layer.sliding_window))
-        else:
-            held = np.minimum(ctx, sliding_window_hold_tokens(layer.sliding_window, sliding_extra_tokens))
+        held = ctx if layer.sliding_window is None else minimum(ctx, holds[layer.sliding_window])
         total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
     return total
+
+
+def _floats(x) -> list[float]:
+    """A number, sequence or numpy array as a list of Python floats."""
+    if is_number(x):
+        return [float(x)]
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+        if not isinstance(x, list):
+            return [float(x)]
+    return [float(v) for v in x]

@@ -27,8 +27,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from servebook.errors import ServebookError
 from servebook.kv_cache import NULL_BLOCKS
 from servebook.simulator.config import SchedulerConfig
@@ -99,6 +97,8 @@ def threshold_case() -> EngineCase:
 def prompt_token_ids(requests: tuple[RequestSpec, ...] | list[RequestSpec], seed: int = 0,
                      vocab_size: int = 512) -> list[list[int]]:
     """Token ids per request: shared prefixes identical, everything else random (ids 3..vocab-1)."""
+    import numpy as np  # the engine trace needs numpy's generator (for ids the recorded traces used)
+
     rng = np.random.default_rng(seed)
     prefixes: dict[str, list[int]] = {}
     out = []

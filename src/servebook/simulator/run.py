@@ -13,9 +13,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from servebook.errors import ServebookError
+from servebook.reductions import mean, pairwise_sum, percentile
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.contiguous import reservation_tokens
 from servebook.simulator.scheduler import RequestState, make_scheduler
@@ -52,9 +51,9 @@ class StepTrace:
         return len(self.start_s)
 
     @property
-    def reserved_empty_slots(self) -> np.ndarray:
+    def reserved_empty_slots(self) -> list[int]:
         """Reserved KV slots that hold no token, per step."""
-        return np.asarray(self.reserved_slots) - np.asarray(self.held_tokens)
+        return [r - h for r, h in zip(self.reserved_slots, self.held_tokens)]
 
 
 @dataclass(frozen=True)
@@ -96,19 +95,21 @@ class SimulationResult:
     snapshot: dict | None = None
 
     def summary(self) -> dict:
-        """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction)."""
+        """Headline numbers: throughput (tokens/s), latency percentiles (s), KV use (fraction).
+
+        Means and percentiles as numpy computes them (:mod:`servebook.reductions`), without numpy.
+        """
         steps = self.steps
         makespan = steps.start_s[-1] + steps.duration_s[-1] if len(steps) else 0.0
-        ttft = np.array([r.ttft_s for r in self.requests])
-        itl = np.array([r.mean_itl_s for r in self.requests if r.output_tokens > 1] or [0.0])
-        latency = np.array([r.latency_s for r in self.requests])
+        ttft = [r.ttft_s for r in self.requests]
+        itl = [r.mean_itl_s for r in self.requests if r.output_tokens > 1] or [0.0]
+        latency = [r.latency_s for r in self.requests]
         out_tokens = sum(r.output_tokens for r in self.requests)
         prompt_tokens = sum(r.prompt_tokens for r in self.requests)
-        dur = np.asarray(steps.duration_s)
-        reserved = np.asarray(steps.reserved_slots, dtype=float)
-        held = np.asarray(steps.held_tokens, dtype=float)
-        mask = (reserved > 0) & (dur > 0)
-        util = float((held[mask] / reserved[mask] * dur[mask]).sum() / dur[mask].sum()) if mask.any() else 0.0
+        busy = [(float(h), float(r), d) for h, r, d in zip(steps.held_tokens, steps.reserved_slots, steps.duration_s)
+                if r > 0 and d > 0]
+        util = (pairwise_sum([h / r * d for h, r, d in busy]) / pairwise_sum([d for _, _, d in busy])
+                if busy else 0.0)
         return {
             "policy": self.config.policy,
             "num_requests": len(self.requests),
@@ -117,16 +118,17 @@ class SimulationResult:
             "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
             "total_tokens_per_s": (out_tokens + prompt_tokens) / makespan if makespan else 0.0,
             "requests_per_s": len(self.requests) / makespan if makespan else 0.0,
-            "ttft_mean_s": float(ttft.mean()),
-            "ttft_p50_s": float(np.percentile(ttft, 50)),
-            "ttft_p99_s": float(np.percentile(ttft, 99)),
-            "itl_mean_s": float(itl.mean()),
-            "latency_mean_s": float(latency.mean()),
-            "latency_p99_s": float(np.percentile(latency, 99)),
+            "ttft_mean_s": mean(ttft),
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99),
+            "itl_mean_s": mean(itl),
+            "latency_mean_s": mean(latency),
+            "latency_p99_s": percentile(latency, 99),
             "preemptions": self.num_preemptions,
             "kv_utilisation": util,
             "peak_blocks_used": max(steps.blocks_used) if len(steps) else 0,
-            "mean_running": float(np.mean(steps.running)) if len(steps) else 0.0,
+            # a sum of counts is exact in floats in any order, so this is numpy.mean's value too
+            "mean_running": float(sum(steps.running)) / len(steps) if len(steps) else 0.0,
         }
 
     def to_json(self, include_steps: bool = False) -> str:
@@ -195,6 +197,7 @@ def simulate(
     _check_fits(requests, config)
     cost = step_time_s or LinearStepTime()
     detailed = bool(getattr(cost, "prices_step_content", False))
+    with_total = detailed and bool(getattr(cost, "takes_context_total", False))
     sched = make_scheduler(config)
     states = [RequestState(spec, i, config.block_size) for i, spec in enumerate(requests)]
     order = sorted(states, key=lambda s: (s.spec.arrival_s, s.index))
@@ -228,21 +231,26 @@ def simulate(
                 )
         # The step's content, in one pass: (tokens, prior_tokens, completes_prompt) per prefilling
         # request and the tokens already cached for each decoding request (its context), before the step.
-        decode = context = total = 0
+        decode = context = total = decode_context = 0
         chunks: list[tuple[int, int, bool]] = []
         contexts: list[int] = []
         for r, n in scheduled:
             total += n
-            computed = r.num_computed + n
+            before = r.num_computed
+            computed = before + n
             context += computed
-            if _is_decode(r, n):
+            # a decode: one new token right after an output token (not a prompt's last token)
+            if n == 1 and r.num_output and computed == r.num_tokens:
                 decode += 1
-                contexts.append(r.num_computed)
+                decode_context += before
+                contexts.append(before)
             else:
-                chunks.append((n, r.num_computed, computed >= r.num_tokens))
+                chunks.append((n, before, computed >= r.num_tokens))
         prefill = total - decode
         if not total:
             dt = 0.0
+        elif with_total:
+            dt = cost.step_s(chunks, contexts, context_total=decode_context)
         elif detailed:
             dt = cost.step_s(chunks, contexts)
         else:
@@ -251,10 +259,13 @@ def simulate(
         sched.computed_running += total
         finished: list[RequestState] = []
         for r, n in scheduled:
-            r.num_computed += n
-            if r.num_computed >= r.num_tokens:
-                r.num_output += 1
+            if r.start_s is None:
+                r.start_s = clock
+            computed = r.num_computed + n
+            r.num_computed = computed
+            if computed >= r.num_tokens:
                 r.num_tokens += 1
+                r.num_output = out = r.num_output + 1
                 if r.first_token_s is None:
                     r.first_token_s = end
                 else:
@@ -262,7 +273,7 @@ def simulate(
                     if gap > r.max_gap_s:
                         r.max_gap_s = gap
                 r.last_token_s = end
-                if r.num_output >= r.num_output_target:
+                if out >= r.num_output_target:
                     finished.append(r)
         # Occupancy is recorded after the step's KV writes, before frees.
         reserved = sched.reserved_slots()
@@ -282,9 +293,6 @@ def simulate(
         trace.blocks_free.append(config.num_blocks - used)
         if record_batches:
             trace.batches.append({r.rid: n for r, n in scheduled})
-        for r, _ in scheduled:
-            if r.start_s is None:
-                r.start_s = clock
         if snapshot_at_step == len(trace) - 1:
             snapshot = memory_snapshot(sched)
             snapshot["time_s"] = end
@@ -315,12 +323,6 @@ def simulate(
             raise ServebookError(f"simulation passed max_steps={max_steps}; raise the limit")
     return SimulationResult(config=config, steps=trace, requests=metrics,
                             num_preemptions=sched.num_preemptions, snapshot=snapshot)
-
-
-def _is_decode(r: RequestState, n: int) -> bool:
-    """Whether scheduling ``n`` tokens of ``r`` is a decode: one new token right after an output
-    token (not a prompt's last token)."""
-    return n == 1 and bool(r.num_output) and r.num_computed + n == r.num_tokens
 
 
 def memory_snapshot(sched) -> dict:

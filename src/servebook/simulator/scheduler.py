@@ -125,8 +125,12 @@ class _Base:
     def finish(self, finished: list[RequestState]) -> list[RequestState]:
         """Drop finished requests from the running queue (order kept) and free them;
         returns the requests handed back to their clients now."""
-        gone = set(id(r) for r in finished)
-        self.running = [r for r in self.running if id(r) not in gone]
+        if len(finished) <= 8:  # the usual step: one or two finish; list.remove is a scan in C
+            for r in finished:
+                self.running.remove(r)  # no __eq__: finds that very object
+        else:
+            gone = set(id(r) for r in finished)
+            self.running = [r for r in self.running if id(r) not in gone]
         for r in finished:
             self.computed_running -= r.num_computed
             self.release(r)
@@ -186,21 +190,25 @@ class PagedScheduler(_Base):
         free_queue = pool.free_queue
         append = scheduled.append
         i = 0
-        while i < len(running) and budget > 0:
+        n_running = len(running)  # kept in step with running.pop() below
+        last_slot = max_len - 1
+        while i < n_running and budget > 0:
             r = running[i]
             computed = r.num_computed
             new = r.num_tokens - computed
-            if 0 < threshold < new:
-                new = threshold
-            if new > budget:
-                new = budget
-            if new > max_len - computed - 1:
-                new = max_len - computed - 1
+            if new > 1:  # a decode (1 token) is never above the threshold or the budget (> 0 here)
+                if 0 < threshold < new:
+                    new = threshold
+                if new > budget:
+                    new = budget
+            if new > last_slot - computed:
+                new = last_slot - computed
             if new <= 0:
                 i += 1
                 continue
             end = computed + new
-            need = (end + bs - 1) // bs - len(r.blocks)
+            blocks = r.blocks
+            need = (end + bs - 1) // bs - len(blocks)
             if need > 0:
                 ok = True
                 while need > len(free_queue):
@@ -210,9 +218,10 @@ class PagedScheduler(_Base):
                     if victim is r:
                         ok = False
                         break
+                n_running = len(running)
                 if not ok:
                     break
-                r.blocks.extend(pool.take(need))
+                blocks.extend(pool.take(need))
                 self.blocks_running += need
             if caching and end // bs > r.num_cached_blocks:
                 self._cache_full_blocks(r, end)

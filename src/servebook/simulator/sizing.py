@@ -24,10 +24,9 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
 from servebook.errors import ServebookError
 from servebook.kv_cache import usable_kv_blocks
+from servebook.reductions import percentile, require_numpy
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.run import simulate
 from servebook.simulator.workload import RequestSpec
@@ -83,9 +82,13 @@ class Option:
 
 def poisson_requests(rate_per_s: float, num_requests: int, input_tokens: int, output_tokens: int,
                      seed: int = 0) -> list[RequestSpec]:
-    """``num_requests`` requests of fixed lengths with Poisson arrivals at ``rate_per_s``."""
+    """``num_requests`` requests of fixed lengths with Poisson arrivals at ``rate_per_s``.
+
+    The arrival times are numpy's random draws (``default_rng(seed)``): this needs numpy.
+    """
     if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
         raise ServebookError(f"arrival rate must be a positive number of requests/s, got {rate_per_s}")
+    np = require_numpy("poisson_requests (numpy's random generator draws the arrivals)")
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=num_requests)
     arrivals = np.cumsum(gaps) - gaps[0]
     return [RequestSpec(f"r{i}", input_tokens, output_tokens, float(t)) for i, t in enumerate(arrivals)]
@@ -139,11 +142,11 @@ def replica_latency(model: str, gpu: str, tp: int, rate_per_s: float, input_toke
     config, step, where = _replica_setup(model, gpu, tp, max_model_len, kv_cache_dtype)
     n = int(min(max_requests, max(min_requests, math.ceil(rate_per_s * duration_s))))
     result = simulate(poisson_requests(rate_per_s, n, input_tokens, output_tokens, seed), config, step)
-    ttft = np.array([r.ttft_s for r in result.requests])
-    tpot = np.array([(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in result.requests])
+    ttft = [r.ttft_s for r in result.requests]
+    tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in result.requests]
     s = result.summary()
-    return ReplicaLatency(rate_per_s=rate_per_s, p99_ttft_s=float(np.percentile(ttft, 99)),
-                          p99_tpot_s=float(np.percentile(tpot, 99)), output_tokens_per_s=s["output_tokens_per_s"],
+    return ReplicaLatency(rate_per_s=rate_per_s, p99_ttft_s=percentile(ttft, 99),
+                          p99_tpot_s=percentile(tpot, 99), output_tokens_per_s=s["output_tokens_per_s"],
                           preemptions=result.num_preemptions, num_blocks=config.num_blocks,
                           max_num_seqs=config.max_num_seqs, note=where)
 

@@ -97,20 +97,28 @@ class PerfStepTime:
     _pricer: object = field(default=None, init=False, repr=False, compare=False)
     _prefill: object = field(default=None, init=False, repr=False, compare=False)
     _decode_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _decode_sums: object = field(default=None, init=False, repr=False, compare=False)
 
     #: Tells :func:`servebook.simulator.simulate` to call :meth:`step_s` with the step's content.
     prices_step_content = True
 
-    def step_s(self, prefill_chunks, decode_contexts) -> float:
+    #: :func:`servebook.simulator.simulate` may pass ``context_total`` to :meth:`step_s`.
+    takes_context_total = True
+
+    def step_s(self, prefill_chunks, decode_contexts, context_total: int | None = None) -> float:
         """Seconds of a step with these prefill chunks and decoding sequences' contexts (tokens).
 
         Equals ``step_time(spec, gpu, work, coeffs, ...).step_s`` for the step's ``work``
         (the decoders' ``decode_work`` plus each chunk's ``prefill_work``), through the
         same functions with their per-model constants kept (``StepPricer``,
         ``PrefillWork``) and the step's work summed as a tuple of floats.
+
+        ``context_total``: ``sum(decode_contexts)``, when the caller has it (the simulator adds
+        it up while the contexts are at hand); passing it also vouches that every context is a
+        whole number >= 0, so they are not checked again.
         """
         pricer = self._pricer or self._keep_constants()
-        work = self._decode_work(decode_contexts) if decode_contexts else [0.0] * 7
+        work = self._decode_work(decode_contexts, context_total) if decode_contexts else [0.0] * 7
         prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
             work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
@@ -128,7 +136,7 @@ class PerfStepTime:
                                                        cudagraph_max_tokens=self.cudagraph_max_tokens))
         return self._pricer
 
-    def _decode_work(self, decode_contexts) -> list[float]:
+    def _decode_work(self, decode_contexts, context_total: int | None = None) -> list[float]:
         """Sum of ``decode_work(spec, 1, c).astuple()`` over the decoders' contexts ``c``.
 
         Work is additive over sequences (``decode_work`` of a batch with a context
@@ -136,6 +144,14 @@ class PerfStepTime:
         in a table filled on first use: one ``decode_work`` call per distinct context
         instead of one per step, which keeps 10,000-request simulations fast.
         """
+        sums = self._decode_sums
+        if sums is None:
+            sums = _DecodeSums.for_model(self.spec, self.tp, self.kv_cache_dtype, self._decode_row)
+            object.__setattr__(self, "_decode_sums", sums)
+        if sums:
+            exact = sums(decode_contexts, context_total)
+            if exact is not None:
+                return exact
         table = self._decode_rows
         try:
             rows = list(map(table.__getitem__, decode_contexts))
@@ -163,6 +179,94 @@ class PerfStepTime:
         return chunk_budget.mixed_step_s(self.spec, self.gpu, self.coeffs, prefill_tokens=num_prefill_tokens,
                                          decode_batch=num_decode_seqs, decode_context_tokens=mean_context,
                                          tp=self.tp, kv_cache_dtype=self.kv_cache_dtype)
+
+
+#: Integers up to this are exact in a float64 (the 53-bit significand), and so are their sums below it.
+_EXACT_INT = 2 ** 53
+
+
+class _DecodeSums:
+    """The column sums of ``decode_work(spec, 1, c).astuple()`` over a step's decoders, without a row per decoder.
+
+    One decoder's work is ``a + b_full x c + sum over windows W of b_W x min(c, W)`` for its context
+    ``c`` (:func:`~servebook.perf.work.decode_work`: the KV it reads and the keys it attends grow with
+    the context, capped at the window on sliding layers; the other five fields are constant).
+    :meth:`PerfStepTime._decode_work` adds the rows one by one in floats. Here:
+
+    * a constant field's sum is that of ``n`` equal terms, kept per ``n`` (:func:`sum` of them, once);
+    * the two growing fields (attention FLOPs, KV bytes) have whole-number coefficients, so each
+      decoder's value is a whole number and every partial sum below 2**53 is exact in floats, in any
+      order: ``n x a + b_full x sum(c) + sum_W b_W x sum(min(c, W))`` in Python integers is the same
+      float -- three sums over the step's contexts instead of seven per decoder.
+
+    Calling it returns None (the caller takes the table) when the contexts are not all ``int``, one
+    is negative, or a sum reaches 2**53.
+    """
+
+    GROWING = (4, 5)  # Work.astuple() positions of attention_flops and kv_read_bytes
+
+    def __init__(self, const: tuple, full: tuple[int, int], windows: tuple[tuple[int, tuple[int, int]], ...]):
+        self.const, self.full, self.windows = const, full, windows
+        self.const_attn, self.const_kv = (int(const[i]) for i in self.GROWING)
+        self.repeated: dict[int, list] = {}
+
+    def __bool__(self) -> bool:
+        return True
+
+    @classmethod
+    def for_model(cls, spec, tp: int, kv_cache_dtype, row) -> "_DecodeSums | bool":
+        """The sums for this model, or False when its growing fields' coefficients are not whole numbers.
+
+        ``row(c)`` is ``decode_work(spec, 1, c).astuple()``; the coefficients derived here from the
+        model's layers are checked against it at every context where the form could bend.
+        """
+        from servebook.perf.work import _attention_dims, kv_dtype_bytes, kv_elements_per_token_per_gpu
+
+        q_heads = spec.num_attention_heads / tp
+        dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+        per_window: dict = {}
+        for layer in spec.layers:
+            flops_per_key = 2 * q_heads * _attention_dims(spec, layer)
+            bytes_per_key = kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+            attn, kv = per_window.get(layer.sliding_window, (0.0, 0.0))
+            per_window[layer.sliding_window] = (attn + flops_per_key, kv + bytes_per_key)
+        zero = row(0)
+        numbers = [zero[i] for i in cls.GROWING] + [v for pair in per_window.values() for v in pair]
+        if not all(float(v).is_integer() and 0 <= v < _EXACT_INT for v in numbers):
+            return False
+        full = tuple(int(v) for v in per_window.pop(None, (0.0, 0.0)))
+        windows = tuple((int(w), (int(a), int(k))) for w, (a, k) in sorted(per_window.items()))
+        sums = cls(zero, full, windows)
+        checks = {0, 1, 2, 3, 1000, 4097, spec.max_position_embeddings or 0}
+        for w, _ in windows:
+            checks |= {w - 1, w, w + 1, 2 * w + 3}
+        for c in sorted(x for x in checks if x >= 0):
+            if sums([c]) != list(row(c)):
+                return False
+        return sums
+
+    def __call__(self, contexts, total: int | None = None) -> list | None:
+        """The summed row for these contexts; ``total`` is their sum when known (and vouched for)."""
+        n = len(contexts)
+        if total is None:
+            total = sum(contexts)
+            if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
+                return None
+        b_attn, b_kv = self.full
+        attn, kv = self.const_attn * n + b_attn * total, self.const_kv * n + b_kv * total
+        for w, (b_attn, b_kv) in self.windows:
+            capped = sum([c if c < w else w for c in contexts])
+            attn += b_attn * capped
+            kv += b_kv * capped
+        if attn >= _EXACT_INT or kv >= _EXACT_INT:
+            return None
+        out = self.repeated.get(n)
+        if out is None:  # each constant field summed as the table path sums it: n equal terms, in order
+            out = self.repeated[n] = [sum([v] * n) for v in self.const]
+        out = out.copy()
+        out[4] = float(attn)
+        out[5] = float(kv)
+        return out
 
 
 def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "auto",

@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from servebook.errors import ServebookError
+from servebook.reductions import require_numpy
 
 
 @dataclass(frozen=True)
@@ -176,6 +175,7 @@ def synthetic_workload_with_truncation(
             f"shared_prefix_tokens ({shared_prefix_tokens}) must be >= 0 and leave room in "
             f"max_model_len ({max_model_len}) for at least one more prompt and one output token"
         )
+    np = require_numpy("synthetic_workload (numpy's random generator draws the lengths and arrivals)")
     rng = np.random.default_rng(seed)
     p_med, p_sig, o_med, o_sig = LENGTH_PRESETS[lengths]
     prompts = np.maximum(1, np.rint(rng.lognormal(math.log(p_med), p_sig, num_requests))).astype(int)
