@@ -10,6 +10,7 @@ the notebook section whose prose it guards.
 from __future__ import annotations
 
 import json
+from statistics import fmean
 
 import pytest
 
@@ -26,6 +27,19 @@ from servebook.memory import (
 )
 from servebook.memory_fit import SHIPPED_STARTUP_LOGS, leave_one_out, records_from_fixtures
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
+from servebook.simulator import (
+    LinearStepTime,
+    RequestSpec,
+    SchedulerConfig,
+    simulate,
+    synthetic_workload,
+)
+from servebook.simulator.engine_trace import (
+    compare_traces,
+    recorded_engine_traces,
+    simulated_trace,
+)
+from servebook.simulator.step_time import perf_step_time_for
 from servebook.startup_log import read_startup_log
 
 GIB = 2**30
@@ -223,3 +237,133 @@ def test_memory_budget_cpu_start_ups_match_the_log_to_the_token():
     assert matches
     assert all(ours == logged and conc == logged_conc
                for _, ours, logged, conc, logged_conc in matches), matches
+
+
+# ---- notebooks/scheduler.md -------------------------------------------------------------------------
+
+def test_scheduler_replays_the_recorded_engine_step_for_step():
+    """"Both recorded cases agree step for step ... the free-block count matches after every
+    schedule"; the comparison case really preempts."""
+    recorded = recorded_engine_traces()
+    for name, (case, engine) in recorded.items():
+        assert compare_traces(simulated_trace(case), engine) == [], name
+    case, engine = recorded["comparison_case"]
+    sim = simulated_trace(case)
+    assert sim["blocks_free"] == [s["free_blocks"] for s in engine["steps"]]
+    assert engine["num_preemptions"] > 0
+
+
+def test_scheduler_6_1_static_batching_waits_for_the_slowest_sibling():
+    """6.1: r0 (40 tokens) is returned with r1 (300) statically; continuously it leaves at once."""
+    outputs = [40, 300, 60, 250, 30, 280, 50, 200]
+    reqs = [RequestSpec(f"r{i}", 200, n) for i, n in enumerate(outputs)]
+    base = dict(num_blocks=256, block_size=16, max_num_seqs=2, max_model_len=1024)
+    static = simulate(reqs, SchedulerConfig(policy="static", **base))
+    continuous = simulate(reqs, SchedulerConfig(policy="paged", **base))
+    lat_static = {m.request_id: m.latency_s for m in static.requests}
+    lat_cont = {m.request_id: m.latency_s for m in continuous.requests}
+    assert lat_static["r0"] == lat_static["r1"]
+    assert lat_cont["r0"] < lat_static["r0"] / 3
+    assert continuous.summary()["makespan_s"] < static.summary()["makespan_s"]
+
+
+def test_scheduler_6_2_only_four_contiguous_requests_fit():
+    """6.2: "only four requests fit" contiguously (4096 slots / 1024 each); paged holds over twice as many."""
+    reqs = synthetic_workload(40, lengths="sharegpt-like", max_model_len=1024, seed=7)
+    kw = dict(num_blocks=256, block_size=16, max_num_seqs=64, max_model_len=1024)
+    paged = simulate(reqs, SchedulerConfig(policy="paged", **kw), snapshot_at_step=60).snapshot
+    contig = simulate(reqs, SchedulerConfig(policy="contiguous", **kw), snapshot_at_step=60).snapshot
+    assert len(contig["ranges"]) == 256 * 16 // 1024 == 4
+    assert len(paged["tables"]) > 2 * len(contig["ranges"])
+
+
+@pytest.fixture(scope="module")
+def share_runs():
+    """6.2's whole-run comparison: 1,000 ShareGPT-sized requests under four reservations."""
+    reqs = synthetic_workload(1000, arrival_rate_per_s=20.0, lengths="sharegpt-like",
+                              max_model_len=2048, seed=0)
+    kw = dict(num_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=2048)
+    return {
+        "contiguous, max": simulate(reqs, SchedulerConfig(policy="contiguous", reservation="max", **kw)),
+        "contiguous, pow2": simulate(reqs, SchedulerConfig(policy="contiguous", reservation="pow2", **kw)),
+        "contiguous, oracle": simulate(reqs, SchedulerConfig(policy="contiguous", reservation="oracle",
+                                                             **kw)),
+        "paged (vLLM)": simulate(reqs, SchedulerConfig(policy="paged", **kw)),
+    }
+
+
+def test_scheduler_6_2_kv_share_orders_the_reservations_as_the_paper(share_runs):
+    """6.2: contiguous max-reservation keeps real tokens in under the paper's 38.2%, paged over 90%,
+    and each smarter reservation does better."""
+    shares = {label: r.summary()["kv_utilisation"] for label, r in share_runs.items()}
+    assert (shares["contiguous, max"] < shares["contiguous, pow2"] < shares["contiguous, oracle"]
+            < shares["paged (vLLM)"])
+    assert shares["contiguous, max"] < 0.382
+    assert shares["paged (vLLM)"] > 0.9
+
+
+def test_scheduler_6_3_paged_runs_more_at_once_and_finishes_sooner(share_runs):
+    """6.3: "more requests run at once and the work finishes sooner"."""
+    paged, contig = share_runs["paged (vLLM)"].summary(), share_runs["contiguous, max"].summary()
+    assert paged["mean_running"] > 2 * contig["mean_running"]
+    assert paged["makespan_s"] < contig["makespan_s"]
+
+
+def test_scheduler_6_9_no_preemption_at_or_below_the_ceiling_and_more_throughput_above():
+    """6.9: the ceiling is 2,048 / 128 = 16; none preempts at or below it; 256 does; 64 beats 16."""
+    ceiling = 2048 // -(-2048 // 16)
+    assert ceiling == 16
+    reqs = synthetic_workload(1500, arrival_rate_per_s=40.0, lengths="sharegpt-like",
+                              max_model_len=2048, seed=1)
+    sweep = {}
+    for max_num_seqs in (8, 16, 32, 64, 128, 256):
+        cfg = SchedulerConfig(num_blocks=2048, block_size=16, max_num_seqs=max_num_seqs,
+                              max_model_len=2048)
+        sweep[max_num_seqs] = simulate(reqs, cfg).summary()
+    assert all(s["preemptions"] == 0 for x, s in sweep.items() if x <= ceiling)
+    assert sweep[256]["preemptions"] > 0
+    assert sweep[64]["output_tokens_per_s"] > 1.5 * sweep[16]["output_tokens_per_s"]
+
+
+def test_scheduler_6_10_the_leftover_budget_idles_while_requests_wait():
+    """6.10: with 32 running, 8,160 tokens of the 8,192 budget idle while 8 requests wait."""
+    forty = [RequestSpec(f"r{i}", 16, 5) for i in range(40)]
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16, max_num_seqs=32, max_num_batched_tokens=8192)
+    res = simulate(forty, cfg, record_batches=True)
+    assert res.steps.scheduled_tokens[1:5] == [32, 32, 32, 32]
+    assert res.steps.waiting[1:5] == [8, 8, 8, 8]
+
+
+def test_scheduler_6_12_every_later_request_hits_the_64_shared_blocks():
+    """6.12: "every request after the first finds the 64 full blocks of the shared prompt"."""
+    rag = synthetic_workload(200, arrival_rate_per_s=5.0, lengths="alpaca-like", max_model_len=4096,
+                             shared_prefix_tokens=1024, seed=2)
+    kw = dict(num_blocks=4096, block_size=16, max_num_seqs=64, max_model_len=4096)
+    cached = simulate(rag, SchedulerConfig(enable_prefix_caching=True, **kw))
+    uncached = simulate(rag, SchedulerConfig(enable_prefix_caching=False, **kw))
+    hits = [m.prefix_hit_tokens for m in cached.requests]
+    assert hits[0] == 0 and all(h == 1024 for h in hits[1:])  # 1024 / 16 = 64 full blocks
+    total_prompt = sum(r.prompt_tokens for r in rag)
+    assert sum(cached.steps.prefill_tokens) == total_prompt - 1024 * 199
+    assert sum(uncached.steps.prefill_tokens) == total_prompt
+    assert cached.summary()["ttft_mean_s"] < uncached.summary()["ttft_mean_s"]
+
+
+def test_scheduler_real_seconds_decode_step_is_short_and_nearly_flat():
+    """Real seconds: the calibrated decode step is shorter than the stand-in's and "nearly flat in
+    the batch size" (16 sequences under 1.2x one); no step beats the fixed overhead."""
+    perf_model, _ = perf_step_time_for("llama-3.1-8b", "h200", max_num_seqs=256,
+                                       max_num_batched_tokens=8192)
+    reqs = synthetic_workload(300, arrival_rate_per_s=10.0, lengths="sharegpt-like",
+                              max_model_len=2048, seed=3)
+    cfg = SchedulerConfig(num_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=2048)
+    perf_run = simulate(reqs, cfg, perf_model)
+    stand_in = simulate(reqs, cfg, LinearStepTime())
+
+    def mean_decode_ms(r, batch):
+        return 1e3 * fmean(t for t, p, n in zip(r.steps.duration_s, r.steps.prefill_tokens,
+                                                 r.steps.decode_seqs) if p == 0 and n == batch)
+
+    assert min(d for d in perf_run.steps.duration_s if d > 0) >= perf_model.coeffs.step_overhead_s
+    assert mean_decode_ms(perf_run, 1) < mean_decode_ms(stand_in, 1)
+    assert mean_decode_ms(perf_run, 16) < 1.2 * mean_decode_ms(perf_run, 1)
