@@ -18,7 +18,7 @@ from servebook import make_plan
 from servebook.errors import ServebookError
 from servebook.hardware import get_gpu
 from servebook.hf_config import load_model_spec
-from servebook.kv_cache import capacity, kv_cache_layout
+from servebook.kv_cache import capacity, kv_cache_layout, min_kv_bytes_for_one_request
 from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     memory_budget,
@@ -367,3 +367,65 @@ def test_scheduler_real_seconds_decode_step_is_short_and_nearly_flat():
     assert min(d for d in perf_run.steps.duration_s if d > 0) >= perf_model.coeffs.step_overhead_s
     assert mean_decode_ms(perf_run, 1) < mean_decode_ms(stand_in, 1)
     assert mean_decode_ms(perf_run, 16) < 1.2 * mean_decode_ms(perf_run, 1)
+
+
+# ---- notebooks/kv_per_token.md ----------------------------------------------------------------------
+
+def _kv_gib_per_sequence(spec, tokens, kv_cache_dtype="auto"):
+    """The notebook's kv_gib_per_sequence: one sequence's KV cache on one GPU, in GiB."""
+    layout = kv_cache_layout(spec, kv_cache_dtype=kv_cache_dtype)
+    return min_kv_bytes_for_one_request(layout, tokens, in_flight_tokens=0) / GIB
+
+
+def test_kv_per_token_llama_8b_is_128_kib_per_token_by_hand():
+    """"2 x 32 x 8 x 128 x 2 = 131,072 bytes, 128 KiB per token"; fp8 halves it; 4 query heads per KV head."""
+    llama = load_model_spec("llama-3.1-8b")
+    first = llama.layers[0]
+    assert llama.num_layers == 32 and first.num_kv_heads == 8 and first.head_dim == 128
+    assert llama.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2 == 128 * 2**10
+    assert llama.kv_bytes_per_token(kv_dtype_bytes=1) == 64 * 2**10
+    assert llama.num_attention_heads == 4 * first.num_kv_heads
+
+
+REFERENCE_IDS = ["llama-3.1-8b", "qwen3-30b-a3b", "qwen3-32b", "llama-3.1-70b"]
+
+
+def test_kv_per_token_reference_models_use_full_attention_only():
+    """"The same formula for models whose every layer uses full attention"."""
+    specs = [load_model_spec(m) for m in REFERENCE_IDS]
+    assert all(layer.kind == "full" and layer.owns_cache for s in specs for layer in s.layers)
+
+
+def test_kv_per_token_qwen3_head_dim_is_not_hidden_over_heads():
+    """"Qwen3-32B has 64 query heads of width 128 on a model 5120 wide: ... would give 80"."""
+    qwen32 = load_model_spec("qwen3-32b")
+    assert (qwen32.num_attention_heads, qwen32.hidden_size, qwen32.layers[0].head_dim) == (64, 5120, 128)
+    assert qwen32.hidden_size // qwen32.num_attention_heads == 80 != qwen32.layers[0].head_dim
+
+
+def test_kv_per_token_qwen3_moe_caches_less_than_the_dense_8b():
+    """"Qwen3-30B-A3B, a mixture-of-experts model of 30 B parameters, caches less per token than
+    the dense 8B model because it keeps only 4 KV heads" (96 KiB < 128 KiB)."""
+    qwen_moe, llama = load_model_spec("qwen3-30b-a3b"), load_model_spec("llama-3.1-8b")
+    assert qwen_moe.is_moe and 29e9 < qwen_moe.params.total < 32e9  # published: 30.5 B parameters
+    assert qwen_moe.layers[0].num_kv_heads == 4
+    assert qwen_moe.kv_bytes_per_token() < llama.kv_bytes_per_token()
+
+
+def test_kv_per_token_one_sequence_is_whole_blocks():
+    """"A thousand tokens occupy 63 blocks of 16"; 128 Ki tokens are 16 GiB; fp8 halves it."""
+    llama = load_model_spec("llama-3.1-8b")
+    assert _kv_gib_per_sequence(llama, 128 * 1024) * GIB == 128 * 1024 * 128 * 2**10
+    assert _kv_gib_per_sequence(llama, 1000) * GIB == 63 * 16 * 128 * 2**10
+    assert _kv_gib_per_sequence(llama, 1024, "fp8") * 2 == _kv_gib_per_sequence(llama, 1024)
+
+
+@pytest.mark.parametrize(("model", "tokens", "dtype", "gib"), [
+    ("llama-3.1-8b", 32 * 1024, "auto", 4.0),      # 128 KiB x 32 Ki tokens
+    ("llama-3.1-8b", 128 * 1024, "auto", 16.0),    # 128 KiB x 128 Ki tokens
+    ("llama-3.1-8b", 128 * 1024, "fp8", 8.0),      # one byte per element halves it
+    ("llama-3.1-70b", 128 * 1024, "fp8", 20.0),    # 2 x 80 x 8 x 128 x 1 B = 160 KiB x 128 Ki
+])
+def test_kv_per_token_try_it_answers(model, tokens, dtype, gib):
+    """Try it: the calculator's answers for its default and three other settings."""
+    assert _kv_gib_per_sequence(load_model_spec(model), tokens, dtype) == gib
