@@ -19,6 +19,7 @@ from servebook.errors import ServebookError
 from servebook.hardware import get_gpu
 from servebook.hf_config import load_model_spec
 from servebook.kv_cache import capacity, kv_cache_layout, min_kv_bytes_for_one_request
+from servebook.lab.recorded import l5_table, load_recorded, recorded_path
 from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     memory_budget,
@@ -26,6 +27,15 @@ from servebook.memory import (
     vllm_batch_defaults,
 )
 from servebook.memory_fit import SHIPPED_STARTUP_LOGS, leave_one_out, records_from_fixtures
+from servebook.perf import (
+    calibrated_coefficients,
+    decode_step,
+    expected_distinct_experts,
+    gpu_numbers,
+    prefill_step,
+)
+from servebook.perf.calibrate import load_measurements, measured_vs_predicted
+from servebook.perf.chunk_budget import prefill_tokens_within, recommend_max_num_batched_tokens
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.simulator import (
     LinearStepTime,
@@ -429,3 +439,112 @@ def test_kv_per_token_one_sequence_is_whole_blocks():
 def test_kv_per_token_try_it_answers(model, tokens, dtype, gib):
     """Try it: the calculator's answers for its default and three other settings."""
     assert _kv_gib_per_sequence(load_model_spec(model), tokens, dtype) == gib
+
+
+# ---- notebooks/moe_vs_dense.md ----------------------------------------------------------------------
+MOE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@pytest.fixture(scope="module")
+def moe_dense():
+    """The notebook's first cell: Gemma 4 26B-A4B and 31B on one H200, calibrated coefficients."""
+    gpu = gpu_numbers("h200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    return load_model_spec("gemma-4-26b-a4b"), load_model_spec("gemma-4-31b"), gpu, coeffs
+
+
+def test_moe_vs_dense_one_token_reads_top_k_and_a_big_batch_reads_all(moe_dense):
+    """"each token picks top-8 of 128, so one token reads 8 experts but a batch of 64 already reads
+    almost all of them"; more sequences always touch more experts."""
+    moe = moe_dense[0]
+    touched = [float(t) for t in expected_distinct_experts(moe, MOE_BATCHES)]
+    assert touched[0] == moe.moe.experts_per_token
+    assert touched[-1] > 0.99 * moe.moe.num_experts
+    assert all(b > a for a, b in zip(touched, touched[1:]))
+
+
+def test_moe_vs_dense_decode_lead_shrinks_and_prefill_lead_stays(moe_dense):
+    """"At batch 1 the MoE step ... wins big; ... its lead shrinks"; prefill: the ratio of active
+    parameters decides (over 3x); memory: total parameters decide."""
+    moe, dense, gpu, coeffs = moe_dense
+    ctx = 4096
+    fits = min(make_plan(m.name, gpu="H200", max_model_len=ctx).capacity.max_concurrency
+               for m in (moe, dense))
+    batches = [b for b in MOE_BATCHES if b <= fits]
+    ratio = [decode_step(dense, gpu, coeffs, batch=b, context_tokens=ctx).step_s
+             / decode_step(moe, gpu, coeffs, batch=b, context_tokens=ctx).step_s for b in batches]
+    assert all(r > 1 for r in ratio) and min(ratio) < ratio[0]
+    pre = {m.name: prefill_step(m, gpu, coeffs, tokens=8192).step_s for m in (moe, dense)}
+    assert pre[dense.name] / pre[moe.name] > 3
+    assert moe.weight_bytes > 0.75 * dense.weight_bytes
+
+
+def test_moe_vs_dense_recorded_engines_show_the_same_shape():
+    """"The recorded vLLM runs ... show the same shape": Qwen3-30B-A3B's step is shorter than
+    Qwen3-32B's at batch 1 and 256, by less at 256."""
+    measured = {(r["model"], r["batch"]): r["measured_s"] for r in measured_vs_predicted()
+                if r["phase"] == "decode" and r["context_tokens"] < 1000}
+    for b in (1, 256):
+        assert measured[("qwen3-30b-a3b", b)] < measured[("qwen3-32b", b)]
+    assert (measured[("qwen3-32b", 1)] / measured[("qwen3-30b-a3b", 1)]
+            > measured[("qwen3-32b", 256)] / measured[("qwen3-30b-a3b", 256)])
+
+
+# ---- notebooks/chunk_budget.md ----------------------------------------------------------------------
+CHUNK_TARGET_S = 0.050
+
+
+@pytest.fixture(scope="module")
+def chunk_h100():
+    """The notebook's first cell: Gemma 4 31B on the H100's calibrated coefficients."""
+    h100 = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(h100.name)
+    return load_model_spec("gemma-4-31b"), h100, coeffs
+
+
+def test_chunk_budget_no_tp_size_in_a_node_reaches_4000_tokens(chunk_h100):
+    """"no tensor-parallel size within one node lets a 4,000-8,000-token chunk of this model finish
+    in 50 ms"; decoding sequences take room; more GPUs fit more; a perfect GPU caps TP 1."""
+    dense, h100, coeffs = chunk_h100
+    fit = {tp: (prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp),
+                prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp,
+                                      decode_batch=32, decode_context_tokens=8000))
+           for tp in (1, 2, 4, 8)}
+    assert all(busy < alone for alone, busy in fit.values()) and fit[8][0] > fit[1][0]
+    assert max(alone for alone, _ in fit.values()) < 4000
+    ceiling = CHUNK_TARGET_S * h100.bf16_dense_flops / (2 * dense.params.active)
+    assert fit[1][0] < ceiling
+
+
+def test_chunk_budget_recommendation_obeys_its_target_and_is_a_power_of_two(chunk_h100):
+    """"rounded down to a power of two so the target still holds"."""
+    dense, h100, coeffs = chunk_h100
+    rec = recommend_max_num_batched_tokens(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S,
+                                           max_num_seqs=32, decode_context_tokens=8000, tp=4)
+    assert rec["recommended_step_s"] <= CHUNK_TARGET_S and rec["recommended"] <= rec["budget_tokens"]
+    assert rec["recommended"] & (rec["recommended"] - 1) == 0
+
+
+def test_chunk_budget_inverse_model_lands_near_measured_long_prefills():
+    """Checked against measurement: for prompts of 2,048 tokens or more (compute dominates) the
+    tokens the model fits in the measured step are within 25% of those the engine prefilled."""
+    points, specs = load_measurements()
+    checked = 0
+    for p in points:
+        if p.phase != "prefill" or p.prompt_tokens < 2048:
+            continue
+        c, _ = calibrated_coefficients(p.gpu)
+        n = prefill_tokens_within(specs[p.model_id], gpu_numbers(p.gpu), c,
+                                  target_step_s=p.measured_s - c.request_overhead_s, tp=p.tp)
+        assert abs(n / p.prompt_tokens - 1) < 0.25, (p.model_id, p.prompt_tokens, n)
+        checked += 1
+    assert checked
+
+
+def test_chunk_budget_lab5_agrees_at_the_largest_budget_and_not_at_the_smallest():
+    """"With a chunk of about a thousand tokens the model and the engine agree [within 15%]; with
+    small chunks a mixed step cost the engine about twice" (over 1.5x) what the model charges."""
+    l5 = load_recorded(recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")["measurements"]
+    by_budget = {r["budget"]: r["step ms engine"] / r["step ms predicted"]
+                 for r in l5_table(l5) if r["step ms engine"] is not None}
+    assert abs(by_budget[max(by_budget)] - 1) < 0.15 and by_budget[min(by_budget)] > 1.5
