@@ -15,6 +15,7 @@ from statistics import fmean
 import pytest
 
 from servebook import make_plan
+from servebook.drills import check_answer, get_drill
 from servebook.errors import ServebookError
 from servebook.hardware import get_gpu
 from servebook.hf_config import load_model_spec
@@ -34,8 +35,18 @@ from servebook.perf import (
     gpu_numbers,
     prefill_step,
 )
-from servebook.perf.calibrate import load_measurements, measured_vs_predicted
+from servebook.perf.calibrate import GOALS, load_measurements, measured_vs_predicted
 from servebook.perf.chunk_budget import prefill_tokens_within, recommend_max_num_batched_tokens
+from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+from servebook.perf.roofline import decode_intensity, prefill_intensity
+from servebook.perf.speculative import (
+    Drafter,
+    break_even_acceptance,
+    expected_tokens_per_step,
+    k_for_batch,
+    k_schedule,
+    validate_schedule,
+)
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.simulator import (
     LinearStepTime,
@@ -548,3 +559,171 @@ def test_chunk_budget_lab5_agrees_at_the_largest_budget_and_not_at_the_smallest(
     by_budget = {r["budget"]: r["step ms engine"] / r["step ms predicted"]
                  for r in l5_table(l5) if r["step ms engine"] is not None}
     assert abs(by_budget[max(by_budget)] - 1) < 0.15 and by_budget[min(by_budget)] > 1.5
+
+
+# ---- notebooks/prefill_decode.md --------------------------------------------------------------------
+PD_TOKENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+PD_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@pytest.fixture(scope="module")
+def llama_h200():
+    """The notebook's first cell: Llama 3.1 8B on the H200's calibrated coefficients."""
+    gpu = gpu_numbers("h200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    return load_model_spec("llama-3.1-8b"), gpu, coeffs
+
+
+def test_prefill_decode_the_model_never_beats_the_peaks(llama_h200):
+    """"the model never beats the hardware's peaks": decode cannot beat reading the weights at peak
+    bandwidth; prefill of 8k tokens cannot beat peak FLOP/s."""
+    model, gpu, coeffs = llama_h200
+    one = decode_step(model, gpu, coeffs, batch=1, context_tokens=512)
+    p8k = prefill_step(model, gpu, coeffs, tokens=8192)
+    assert one.step_s > one.weight_bytes / gpu.hbm_bandwidth_bytes_per_s
+    assert p8k.step_s > p8k.linear_flops / gpu.bf16_dense_flops
+
+
+def test_prefill_decode_decode_is_memory_bound_and_prefill_compute_bound(llama_h200):
+    """"Every decode point sits left of the ridge (memory-bound) ...; prefill points sit far right";
+    8 sequences cost less than 1.5x one ("64 sequences cost far less than 64 times one")."""
+    model, gpu, coeffs = llama_h200
+    one, eight = (decode_step(model, gpu, coeffs, batch=b, context_tokens=512) for b in (1, 8))
+    assert one.bound == "memory" and prefill_step(model, gpu, coeffs, tokens=8192).bound == "compute"
+    assert eight.step_s < 1.5 * one.step_s
+    dec_i = decode_intensity(model, PD_BATCHES, 4096)["intensity_flops_per_byte"]
+    pre_i = prefill_intensity(model, PD_TOKENS)["intensity_flops_per_byte"]
+    assert all(i < gpu.ridge_flops_per_byte for i in dec_i)
+    assert pre_i[-1] > gpu.ridge_flops_per_byte
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_prefill_decode_held_out_error_is_within_the_goal(phase):
+    """"on the held-out measurements its mean error stays within the goals (10 % for decode, 15 %
+    for prefill)"."""
+    assert GOALS == {"decode": 0.10, "prefill": 0.15}
+    errs = [abs(r["error"]) for r in measured_vs_predicted()
+            if r["model"] == "llama-3.1-8b" and r["heldout"] and r["phase"] == phase]
+    assert errs and fmean(errs) <= GOALS[phase]
+
+
+# ---- notebooks/speculation.md -----------------------------------------------------------------------
+#: The notebook's draft model: Llama 3.2 1B's public config.json shapes.
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+    "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "num_hidden_layers": 16, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+HAND_WRITTEN_SCHEDULE = [[1, 8, 5], [9, 24, 3], [25, 64, 1], [65, 512, 0]]
+
+
+@pytest.fixture(scope="module")
+def speculation_setup():
+    """The notebook's set-up: Llama 3.1 8B on the H200, an n-gram and a 1B draft-model drafter."""
+    gpu = gpu_numbers("h200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    drafters = {"ngram": Drafter("ngram"),
+                "draft_model": Drafter("draft_model", load_model_spec(LLAMA_3_2_1B, name="llama-3.2-1b"))}
+    return load_model_spec("llama-3.1-8b"), gpu, coeffs, drafters
+
+
+def test_speculation_yield_formula_matches_hand_values():
+    """The yield (1 - alpha^(k+1)) / (1 - alpha), with its edge cases alpha = 1 and alpha = 0."""
+    assert expected_tokens_per_step(4, 0.7) == (1 - 0.7**5) / (1 - 0.7)
+    assert expected_tokens_per_step(3, 1.0) == 4 and expected_tokens_per_step(5, 0.0) == 1
+
+
+def test_speculation_schedules_pass_vllms_rules(speculation_setup):
+    """The modelled schedules and the hand-written ramp are valid num_speculative_tokens_per_batch_size
+    lists; batches beyond the last range keep its k, batch 8 gets the first range's."""
+    target, gpu, coeffs, drafters = speculation_setup
+    for d in drafters.values():
+        s = k_schedule(target, gpu, coeffs, alpha=0.7, context_tokens=2048, max_num_seqs=256,
+                       k_max=6, drafter=d)
+        validate_schedule(s["num_speculative_tokens_per_batch_size"])
+    validate_schedule(HAND_WRITTEN_SCHEDULE)
+    assert k_for_batch(HAND_WRITTEN_SCHEDULE, 600, 5) == 0 and k_for_batch(HAND_WRITTEN_SCHEDULE, 8, 5) == 5
+
+
+def test_speculation_costlier_drafter_and_busier_server_raise_the_break_even(speculation_setup):
+    """"a costlier drafter and a busier server both raise the acceptance needed"."""
+    target, gpu, coeffs, drafters = speculation_setup
+    ng, dm = (break_even_acceptance(target, gpu, coeffs, k=2, batch=16, context_tokens=2048,
+                                    drafter=drafters[name]) for name in ("ngram", "draft_model"))
+    assert ng is not None and (dm is None or dm > ng)
+    be_1 = break_even_acceptance(target, gpu, coeffs, k=4, batch=1, context_tokens=2048)
+    be_256 = break_even_acceptance(target, gpu, coeffs, k=4, batch=256, context_tokens=2048)
+    assert be_256 is None or be_256 > be_1
+
+
+# ---- notebooks/fleet_plan.md ------------------------------------------------------------------------
+FLEET_IN, FLEET_OUT, FLEET_REQUESTS = 12_000, 3_000, 10_000_000
+
+
+@pytest.fixture(scope="module")
+def fleet_job():
+    """The notebook's job: ten million requests of 12,000 tokens in and 3,000 out, on H100s."""
+    gpu = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    job = Workload(FLEET_REQUESTS, LengthDistribution.fixed(FLEET_IN), LengthDistribution.fixed(FLEET_OUT))
+    return job, gpu, coeffs
+
+
+def test_fleet_plan_every_layout_batch_fits_its_kv_cache(fleet_job):
+    """Better deployments: every plan's batch fits its KV cache and its GPU-hours are hours x GPUs."""
+    job, gpu, coeffs = fleet_job
+    checked = 0
+    for model_id in ("gemma-4-26b-a4b", "gemma-4-31b"):
+        spec = load_model_spec(model_id)
+        for tp in (1, 2, 4, 8):
+            for kv in ("auto", "fp8"):
+                for graphs in (None, 16384):
+                    try:
+                        p = plan(job, Deployment(model_id, spec, gpu, gpus=8, tp=tp, kv_cache_dtype=kv,
+                                                 max_num_batched_tokens=16384,
+                                                 cudagraph_max_tokens=graphs), coeffs)
+                    except Exception:  # the notebook prints the refusal and skips the layout
+                        break
+                    assert p.batch <= p.batch_kv_bound and p.gpu_hours == p.hours * p.gpus, p.name
+                    checked += 1
+    assert checked
+
+
+def test_fleet_plan_length_spreads_raise_the_resident_context(fleet_job):
+    """"the time-averaged context is above mean(in) + mean(out)/2" for a lognormal spread of the
+    same means; with every request alike it is exactly that."""
+    job, gpu, coeffs = fleet_job
+    spec = load_model_spec("gemma-4-26b-a4b")
+    spread = Workload(FLEET_REQUESTS, LengthDistribution.lognormal(FLEET_IN, 1.0, max_tokens=100_000),
+                      LengthDistribution.lognormal(FLEET_OUT, 1.0, max_tokens=30_000))
+    fixed, spread = (plan(wl, Deployment(label, spec, gpu, gpus=8, tp=1, max_num_batched_tokens=16384),
+                          coeffs) for label, wl in (("fixed", job), ("spread", spread)))
+    assert fixed.mean_running_context_tokens == FLEET_IN + FLEET_OUT / 2
+    assert spread.mean_running_context_tokens > fixed.mean_running_context_tokens
+
+
+def test_fleet_plan_replicas_scale_exactly(fleet_job):
+    """"hours fall as 1/GPUs while GPU-hours and cost stay flat": 8x the GPUs, 1/8 the hours."""
+    job, gpu, coeffs = fleet_job
+    spec = load_model_spec("gemma-4-26b-a4b")
+    p8, p64 = (plan(job, Deployment(f"{g} GPUs", spec, gpu, gpus=g, tp=1, max_num_batched_tokens=16384,
+                                    price_per_gpu_hour=3.0), coeffs) for g in (8, 64))
+    assert abs(p8.hours / p64.hours - 8) < 1e-9 and abs(p8.gpu_hours - p64.gpu_hours) < 1e-6
+
+
+# ---- notebooks/drills.md ----------------------------------------------------------------------------
+
+def test_drills_grading_from_code_names_the_k_and_v_slip_and_accepts_the_mechanism():
+    """"the first answer makes the classic K-and-V slip (half the right figure), the second names
+    the mechanism": the slip is marked wrong with a factor-of-two hint, the right figure and the
+    concept answer right."""
+    d = get_drill("memory-kv-per-token")
+    right = d.expected()
+    slip = check_answer(d, f"{right / 2:g} KiB")
+    assert not slip.correct and "factor of two" in slip.message
+    assert check_answer(d, f"{right:g} KiB").correct
+    concept = check_answer(
+        "prefix-cache-timestamp",
+        "Each block hash chains its parent's, so the timestamp changes every later hash.")
+    assert concept.correct
