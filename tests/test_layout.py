@@ -5,6 +5,7 @@
   CLI, and build no repository path: recorded results come from ``servebook.records``, shipped data from
   ``servebook.shipped`` (checked on their code cells).
 - No notebook code line is wider than the page (88 characters).
+- No cell a notebook's reader sees holds an ``assert`` (checks live in tests/test_notebook_claims.py).
 - Only ``servebook.records`` names the repository layout inside the library.
 - Every name ``servebook.__all__`` lists is importable from ``servebook``.
 """
@@ -189,6 +190,38 @@ def test_the_width_check_names_the_wide_line():
     page = _FAKE_PAGE.replace("rec = read_json", wide + "\nrec = read_json") + "\n" + "prose " * 30 + "\n"
     line = page.splitlines().index(wide) + 1
     assert _wide_code_lines(page) == [f"line {line}: {len(wide)} characters"]
+
+
+
+# ---- notebooks: checks of numbers live in tests/test_notebook_claims.py, not in the reader's cells ---
+
+def _visible_asserts(text: str) -> list[str]:
+    """``line N`` for each ``assert`` statement in a code cell the built page shows (not tagged
+    ``remove-cell``)."""
+    found = []
+    for m in _CELL.finditer(text):
+        if re.match(r":tags:.*remove-cell", m.group(1)):
+            continue
+        first = text.count("\n", 0, m.start(1)) + 1
+        source = "\n".join("" if ln.lstrip().startswith((":", "%", "!")) else ln
+                            for ln in m.group(1).split("\n"))
+        found += [f"line {first + node.lineno - 1}" for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Assert)]
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_cells_the_reader_sees_hold_no_assert(notebook):
+    found = _visible_asserts(notebook.read_text())
+    assert not found, (f"{notebook.relative_to(ROOT)}: assert in a cell the reader sees {found}; "
+                       "move the check to tests/test_notebook_claims.py (recompute the value there)")
+
+
+def test_the_assert_check_sees_visible_asserts_only():
+    page = _FAKE_PAGE.replace("rec = read_json", "assert rec\nrec = read_json")
+    assert _visible_asserts(_FAKE_PAGE) == [] and _visible_asserts(page) == []  # a remove-cell
+    shown = page.replace(":tags: [remove-cell]\n", "")
+    assert _visible_asserts(shown) == [f"line {shown.splitlines().index('assert rec') + 1}"]
 
 
 def test_public_names_resolve():
