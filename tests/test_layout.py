@@ -4,6 +4,8 @@
 - Pages, notebooks and lab pages speak to the public face (``servebook`` and its library modules), never the
   CLI, and build no repository path: recorded results come from ``servebook.records``, shipped data from
   ``servebook.shipped`` (checked on their code cells).
+- No notebook code line is wider than the page (88 characters).
+- No cell a notebook's reader sees holds an ``assert`` (checks live in tests/test_notebook_claims.py).
 - Only ``servebook.records`` names the repository layout inside the library.
 - Every name ``servebook.__all__`` lists is importable from ``servebook``.
 """
@@ -155,6 +157,71 @@ def test_the_page_check_fails_a_page_that_reads_the_repository(bad):
     found = _page_violations(page)
     bad_line = page.splitlines().index(bad.splitlines()[-1]) + 1
     assert found and all(f"line {bad_line}" in f or f"line {bad_line - 1}" in f for f in found), found
+
+
+
+# ---- notebooks: no code line wider than the page -----------------------------------------------------
+# The built notebook shows a code cell in a box about 88 characters wide; a longer line scrolls sideways.
+NOTEBOOK_LINE_CHARS = 88
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.md"))
+
+
+def _wide_code_lines(text: str, limit: int = NOTEBOOK_LINE_CHARS) -> list[str]:
+    """``line N: K characters`` for each code-cell line of a page longer than ``limit`` characters."""
+    found = []
+    for first, source in _code_cells(text):
+        for offset, line in enumerate(source.split("\n")):
+            if len(line) > limit:
+                found.append(f"line {first + offset}: {len(line)} characters")
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_code_lines_fit_the_page(notebook):
+    found = _wide_code_lines(notebook.read_text())
+    assert not found, (f"{notebook.relative_to(ROOT)}: code lines over {NOTEBOOK_LINE_CHARS} characters "
+                       f"{found}; split the call over lines or name an intermediate value")
+
+
+def test_the_width_check_names_the_wide_line():
+    """A clean page passes; a code cell with one wide line fails on that line, a wide prose line does not."""
+    assert _wide_code_lines(_FAKE_PAGE) == []
+    wide = "x = " + "1 + " * 30 + "1"
+    page = _FAKE_PAGE.replace("rec = read_json", wide + "\nrec = read_json") + "\n" + "prose " * 30 + "\n"
+    line = page.splitlines().index(wide) + 1
+    assert _wide_code_lines(page) == [f"line {line}: {len(wide)} characters"]
+
+
+
+# ---- notebooks: checks of numbers live in tests/test_notebook_claims.py, not in the reader's cells ---
+
+def _visible_asserts(text: str) -> list[str]:
+    """``line N`` for each ``assert`` statement in a code cell the built page shows (not tagged
+    ``remove-cell``)."""
+    found = []
+    for m in _CELL.finditer(text):
+        if re.match(r":tags:.*remove-cell", m.group(1)):
+            continue
+        first = text.count("\n", 0, m.start(1)) + 1
+        source = "\n".join("" if ln.lstrip().startswith((":", "%", "!")) else ln
+                            for ln in m.group(1).split("\n"))
+        found += [f"line {first + node.lineno - 1}" for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Assert)]
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_cells_the_reader_sees_hold_no_assert(notebook):
+    found = _visible_asserts(notebook.read_text())
+    assert not found, (f"{notebook.relative_to(ROOT)}: assert in a cell the reader sees {found}; "
+                       "move the check to tests/test_notebook_claims.py (recompute the value there)")
+
+
+def test_the_assert_check_sees_visible_asserts_only():
+    page = _FAKE_PAGE.replace("rec = read_json", "assert rec\nrec = read_json")
+    assert _visible_asserts(_FAKE_PAGE) == [] and _visible_asserts(page) == []  # a remove-cell
+    shown = page.replace(":tags: [remove-cell]\n", "")
+    assert _visible_asserts(shown) == [f"line {shown.splitlines().index('assert rec') + 1}"]
 
 
 def test_public_names_resolve():
