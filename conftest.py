@@ -5,8 +5,9 @@ collector (``nbval.plugin.IPyNbFile``) the converted notebook: every code cell b
 item (``notebooks/<name>.md::Cell <n>``) run in one kernel per notebook, started from this
 interpreter (nbval's current-environment kernel) in the notebook's folder, as the book build runs it.
 
-Semantics are nbval's ``--nbval-lax``: a cell only has to run without raising, unless its source
-carries the comment ``# NBVAL_CHECK_OUTPUT``. Such a cell's printed output is a claim of the book;
+Semantics are nbval's ``--nbval-lax``: a cell only has to run without raising, unless it carries
+nbval's tag ``nbval-check-output`` (``:tags: [nbval-check-output]`` in the MyST source; the comment
+``# NBVAL_CHECK_OUTPUT`` works too but shows on the page). Such a cell's printed output is a claim of the book;
 nbval compares it with the committed executed copy ``tests/notebook_refs/<name>.ipynb`` (made by
 ``bash scripts/refresh-notebook-refs.sh``) after the substitutions of
 ``tests/notebook_sanitize.cfg``, and a changed number fails with nbval's diff of the cell.
@@ -46,9 +47,13 @@ def pytest_collect_file(file_path: Path, parent):
     return None
 
 
-def is_checked(source: str) -> bool:
-    """Whether a code cell's source carries nbval's ``# NBVAL_CHECK_OUTPUT`` comment."""
-    return dict(find_comment_markers(source)).get("check", False) is True
+def is_checked(cell) -> bool:
+    """Whether a code cell is compared with its reference: nbval's ``nbval-check-output`` tag (how the
+    notebooks mark it: ``:tags: [nbval-check-output]``, invisible on the page) or its
+    ``# NBVAL_CHECK_OUTPUT`` comment."""
+    options = dict(find_metadata_tags(cell.metadata) or ())
+    options.update(find_comment_markers(cell.source))
+    return options.get("check", False) is True
 
 
 def with_reference_outputs(notebook, reference, name: str):
@@ -56,11 +61,11 @@ def with_reference_outputs(notebook, reference, name: str):
     checked cells, matched in order; the other cells stay unrun. Raises ValueError when the two
     do not have the same checked cells with the same source."""
     def checked(nb):
-        return [c for c in nb.cells if c.cell_type == "code" and is_checked(c.source)]
+        return [c for c in nb.cells if c.cell_type == "code" and is_checked(c)]
     ours, theirs = checked(notebook), checked(reference)
     stale = f"tests/notebook_refs/{name}.ipynb is stale: run `{REFRESH}` and commit the result"
     if len(ours) != len(theirs):
-        raise ValueError(f"{name}.md has {len(ours)} cells marked NBVAL_CHECK_OUTPUT, "
+        raise ValueError(f"{name}.md has {len(ours)} cells marked nbval-check-output, "
                          f"its reference {len(theirs)}; {stale}")
     for index, (cell, ref) in enumerate(zip(ours, theirs), start=1):
         if cell.source != ref.source:
@@ -88,9 +93,9 @@ class MystNotebook(IPyNbFile):
         for cell in code:
             cell.outputs, cell.execution_count = [], None
         reference_path = Path(self.config.option.notebook_refs) / f"{name}.ipynb"
-        if any(is_checked(c.source) for c in code):
+        if any(is_checked(c) for c in code):
             if not reference_path.exists():
-                raise ValueError(f"{self.path.name} has cells marked NBVAL_CHECK_OUTPUT but no "
+                raise ValueError(f"{self.path.name} has cells marked nbval-check-output but no "
                                  f"reference {reference_path}: run `{REFRESH}`")
             with_reference_outputs(notebook, nbformat.read(reference_path, as_version=4), name)
         self.nb = notebook

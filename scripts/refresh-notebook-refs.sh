@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the reference outputs nbval compares the notebooks' checked cells with
-# (tests/notebook_refs/<name>.ipynb, cells marked `# NBVAL_CHECK_OUTPUT`). Run it after changing a
+# (tests/notebook_refs/<name>.ipynb, cells tagged `nbval-check-output`). Run it after changing a
 # checked cell or a number it prints on purpose, read the diff (`git diff tests/notebook_refs`:
 # every changed line is a changed claim of the book) and commit it. Uses .venv as made by
 # scripts/test.sh or scripts/book.sh.

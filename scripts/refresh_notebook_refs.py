@@ -1,5 +1,5 @@
 """Write tests/notebook_refs/<name>.ipynb: each notebooks/<name>.md executed, the reference outputs
-nbval compares the cells marked ``# NBVAL_CHECK_OUTPUT`` with (see conftest.py).
+nbval compares the checked cells with (tag ``nbval-check-output``; see conftest.py).
 
 Runs the notebook as the tests do: converted by jupytext, in a kernel of this interpreter (nbval's
 current-environment kernel) started in notebooks/. Only the code cells are kept, and only the
@@ -18,22 +18,19 @@ import nbformat
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
-from nbval.plugin import find_comment_markers
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from conftest import is_checked  # noqa: E402  (one rule for the tests and the references)
+
 NOTEBOOKS = ROOT / "notebooks"
 REFERENCES = ROOT / "tests" / "notebook_refs"
 CELL_TIMEOUT_S = 300
 
 
-def is_checked(source: str) -> bool:
-    return dict(find_comment_markers(source)).get("check", False) is True
-
-
 def reference(path: Path) -> nbformat.NotebookNode | None:
     """``path`` executed with only its marked cells' outputs kept; None when no cell is marked."""
     notebook = jupytext.read(path)
-    if not any(c.cell_type == "code" and is_checked(c.source) for c in notebook.cells):
+    if not any(c.cell_type == "code" and is_checked(c) for c in notebook.cells):
         return None
     km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
     NotebookClient(notebook, km=km, timeout=CELL_TIMEOUT_S,
@@ -41,7 +38,7 @@ def reference(path: Path) -> nbformat.NotebookNode | None:
     notebook.cells = [c for c in notebook.cells if c.cell_type == "code"]   # the prose is not compared
     for number, cell in enumerate(notebook.cells):
         cell.id = f"code-{number}"   # jupytext makes random ids: fixed ones keep the git diff to outputs
-        if not is_checked(cell.source):
+        if not is_checked(cell):
             cell.outputs, cell.execution_count = [], None
         cell.metadata.pop("execution", None)   # timestamps: would change every refresh
     notebook.metadata.pop("widgets", None)
@@ -60,7 +57,7 @@ def main(names: list[str]) -> int:
         notebook = reference(path)
         if notebook is None:
             target.unlink(missing_ok=True)
-            print(f"{path.stem}: no cell marked NBVAL_CHECK_OUTPUT, no reference")
+            print(f"{path.stem}: no cell tagged nbval-check-output, no reference")
             continue
         nbformat.write(notebook, target)
         print(f"{path.stem}: wrote {target.relative_to(ROOT)}")

@@ -2,8 +2,8 @@
 
 The notebooks themselves run through nbval: conftest.py at the repository root collects every
 notebooks/<name>.md (converted by jupytext), one test item per code cell, in one kernel of this
-interpreter per notebook (`pytest notebooks` or `pytest notebooks/<name>.md`). Cells marked
-``# NBVAL_CHECK_OUTPUT`` are compared with tests/notebook_refs/<name>.ipynb
+interpreter per notebook (`pytest notebooks` or `pytest notebooks/<name>.md`). Cells tagged
+``nbval-check-output`` are compared with tests/notebook_refs/<name>.ipynb
 (`bash scripts/refresh-notebook-refs.sh` regenerates it). The tests here check what nbval does
 not: that a changed number fails with nbval's diff, that a stale reference is named, that a hung
 cell fails within the cell time-out and leaves no process behind, and that every notebook is
@@ -106,6 +106,17 @@ def test_every_notebook_is_in_the_toc():
     listed = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
     missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.stem}" not in listed]
     assert not missing, "add to _toc.yml under 'Notebooks': " + ", ".join(f"- file: notebooks/{m}" for m in missing)
+
+
+def test_checked_cells_are_tagged_not_commented():
+    """A reader sees a cell's source: the check marker is nbval's tag (invisible on the page), never its
+    ``# NBVAL_CHECK_OUTPUT`` comment; and every notebook with a reference has tagged cells."""
+    for path in NOTEBOOKS:
+        cells = [c for c in jupytext.read(path).cells if c.cell_type == "code"]
+        shown = [i for i, c in enumerate(cells) if "NBVAL_CHECK_OUTPUT" in c.source]
+        assert not shown, f"{path.name}: code cells {shown} carry '# NBVAL_CHECK_OUTPUT'; use :tags: [nbval-check-output]"
+        if (REFERENCES / f"{path.stem}.ipynb").exists():
+            assert any("nbval-check-output" in c.metadata.get("tags", []) for c in cells), path.name
 
 
 def test_no_paired_ipynb():
