@@ -122,3 +122,14 @@ def is_number(x) -> bool:
         return True
     np = numpy_or_none()
     return np is not None and isinstance(x, np.generic)
+
+
+def as_floats(x) -> list[float]:
+    """A number, sequence or numpy array of numbers as a list of Python floats (``numpy.atleast_1d``)."""
+    if is_number(x):
+        return [float(x)]
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+        if not isinstance(x, list):
+            return [float(x)]
+    return [float(v) for v in x]

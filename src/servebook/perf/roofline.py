@@ -13,7 +13,7 @@ from __future__ import annotations
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.work import decode_work, dense_weight_bytes_read, expert_weight_bytes_read, prefill_work
-from servebook.reductions import is_number
+from servebook.reductions import as_floats, is_number
 
 
 def _vector(values: list[float]):
@@ -25,15 +25,6 @@ def _vector(values: list[float]):
     return np.array(values, dtype=float)
 
 
-def _floats(x) -> list[float]:
-    """A number, sequence or array of numbers as a list of floats (``numpy.atleast_1d``)."""
-    if is_number(x):
-        return [float(x)]
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-        if not isinstance(x, list):
-            return [float(x)]
-    return [float(v) for v in x]
 
 
 def decode_intensity(spec: ModelSpec, batches, context_tokens: float, *, tp: int = 1,
@@ -42,7 +33,7 @@ def decode_intensity(spec: ModelSpec, batches, context_tokens: float, *, tp: int
 
     Values are numpy arrays when numpy is installed, lists of floats otherwise (computed in floats either way).
     """
-    b = _floats(batches)
+    b = as_floats(batches)
     flops, nbytes = [], []
     for batch in b:
         w = decode_work(spec, batch, context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
@@ -58,7 +49,7 @@ def prefill_intensity(spec: ModelSpec, tokens, *, tp: int = 1) -> dict:
 
     Values are numpy arrays when numpy is installed, lists of floats otherwise.
     """
-    n = _floats(tokens)
+    n = as_floats(tokens)
     flops, nbytes = [], []
     for t in n:
         w = prefill_work(spec, int(t), tp=tp)
@@ -77,7 +68,7 @@ def attainable_flops(gpu, intensity):
     g = gpu_numbers(gpu)
     if is_number(intensity):
         return min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * float(intensity))
-    return _vector([min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * i) for i in _floats(intensity)])
+    return _vector([min(g.bf16_dense_flops, g.hbm_bandwidth_bytes_per_s * i) for i in as_floats(intensity)])
 
 
 def ridge_batch(spec: ModelSpec, gpu, context_tokens: float, *, tp: int = 1, kv_cache_dtype: str = "auto",

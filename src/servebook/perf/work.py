@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from servebook.errors import ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
-from servebook.reductions import dot, is_number, pairwise_sum, require_numpy
+from servebook.reductions import as_floats, dot, is_number, pairwise_sum, require_numpy
 from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
 from servebook.vllm_rules.cache import CUDA_DEFAULT_BLOCK_SIZE, sliding_window_hold_tokens, sliding_window_running_blocks
 from servebook.vllm_rules.scheduler import decode_unsettled_tokens
@@ -242,13 +242,13 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
     weighted mean context of each window is :func:`servebook.reductions.dot` (correctly
     rounded), so a distribution gives the same result on every machine.
     """
-    ctx = _floats(context_tokens)
+    ctx = as_floats(context_tokens)
     if any(c < 0 for c in ctx):
         raise ServebookError("context must be >= 0 tokens")
     if context_weights is None:
         w = [1.0] * len(ctx)
     else:
-        w = _floats(context_weights)
+        w = as_floats(context_weights)
         if len(w) != len(ctx):
             raise ServebookError(f"{len(w)} context weights for {len(ctx)} contexts; give one weight per context")
     if len(w) == 1:
@@ -455,12 +455,3 @@ def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, holds:
     return total
 
 
-def _floats(x) -> list[float]:
-    """A number, sequence or numpy array as a list of Python floats."""
-    if is_number(x):
-        return [float(x)]
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-        if not isinstance(x, list):
-            return [float(x)]
-    return [float(v) for v in x]
