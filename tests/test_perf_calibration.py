@@ -114,21 +114,6 @@ def test_shipped_calibration_matches_the_records(refit):
                 assert errors[phase] == pytest.approx(shipped["heldout_mape"][gpu][phase], abs=0.01)
 
 
-@pytest.mark.skipif(not _records(), reason=f"no recorded step-timing data yet under {RESULTS}")
-def test_chunk_budget_inverts_measured_prefill_steps():
-    """The chunk-budget answer for a measured step time is close to the tokens the engine prefilled in it."""
-    from servebook.perf.chunk_budget import prefill_tokens_within
-    from servebook.perf.gpu import gpu_numbers
-    from servebook.perf.model import calibrated_coefficients
-
-    points, specs = cal.load_measurements(RESULTS)
-    checked = 0
-    for p in points:
-        if p.phase != "prefill" or p.prompt_tokens < 2048:
-            continue
-        c, _ = calibrated_coefficients(p.gpu)
-        n = prefill_tokens_within(specs[p.model_id], gpu_numbers(p.gpu), c,
-                                  target_step_s=p.measured_s - c.request_overhead_s, tp=p.tp)
-        assert abs(n / p.prompt_tokens - 1) < 0.25, (p.model_id, p.prompt_tokens, n)
-        checked += 1
-    assert checked
+# The chunk-budget inverse against measured prefill steps (within 25% from 2,048 tokens) is checked
+# once, in tests/test_notebook_claims.py (test_chunk_budget_inverse_model_lands_near_measured_long_prefills),
+# which also requires the recorded data to be present.
