@@ -41,7 +41,8 @@ def load_rendered(stem: str, directory: str | Path | None = None) -> tuple[str, 
     """(name to show, document) of the recording the book renders for a file stem (``l3_preemption_gpu``).
 
     ``<stem>.json`` when it exists, checked by :func:`load_recorded`; otherwise, for a lab recorded
-    in parts (Lab 3: :func:`load_l3`), the merged parts, shown as ``l3_preemption_{16_48,128_256}_gpu.json``.
+    in parts (Lab 3: :func:`servebook.lab.lab3_preemption.load_l3`), the merged parts, shown as
+    ``l3_preemption_{16_48,128_256}_gpu.json``.
     ``directory`` defaults to :data:`RECORDED_DIR`. Raises :class:`LabError` when neither exists.
     """
     directory = Path(directory) if directory is not None else RECORDED_DIR
