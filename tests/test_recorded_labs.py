@@ -317,6 +317,22 @@ def test_lab_note_links_its_results_page_and_names_the_recorded_files(lab):
     assert f"{{doc}}`Lab {n} <{lab}>`" in page                    # and the page links back to its lab
 
 
+@pytest.mark.parametrize("n", range(1, 7))
+def test_results_page_runs_and_its_claims_hold(n, monkeypatch, capsys):
+    """Each lab's results page (labs/results_l<N>.md, executed when the book is built) asserts the
+    claims its prose makes in hidden cells: run them here too, so a claim that stops holding fails
+    pytest, not only the book build."""
+    import matplotlib.pyplot as plt
+    from servebook.lab.run_notebook import main
+
+    monkeypatch.chdir(ROOT / "labs")
+    try:
+        rc = main(str(ROOT / "labs" / f"results_l{n}.md"))
+    finally:
+        plt.close("all")
+    assert rc == 0, capsys.readouterr().err
+
+
 def test_labs_1_to_6_ran_on_one_gpu_driver_release_and_model_config(docs):
     # (the claim the shared header of the old results page asserted; each lab's page now prints its own)
     first = docs[LABS[0]]
