@@ -15,7 +15,8 @@ matplotlib.use("Agg")
 from cpu_gate import skip_unless_cpu_runs_fp8_kv_cache  # noqa: E402
 from servebook.cpu_features import (FAKE_FLAGS_ENV, fp8_kv_cache_support, is_quantized_kv_cache_dtype,  # noqa: E402
                                     kv_cache_dtype_support, read_cpu_flags)
-from servebook.lab import recorded as R  # noqa: E402
+from servebook.lab.lab1_memory import l1_table, plot_l1  # noqa: E402
+from servebook.lab.lab4_fp8_kv import l4_ratios, l4_table, plot_l4  # noqa: E402
 from servebook.lab.profiles import Profile, get_profile  # noqa: E402
 
 AVX512 = ["avx512f", "avx512vl", "avx512bw", "avx512dq"]
@@ -126,14 +127,14 @@ def test_l1_table_and_plot_show_a_skipped_point():
                "prediction": {"available_kv_gib": 1.0, "kv_cache_tokens": tokens}, "skipped": skip,
                "engine": None if skip else {"available_kv_cache_gib": 1.0, "kv_cache_tokens": tokens}}
               for kv, tokens, skip in (("auto", 4096, None), ("fp8", 8192, REASON))]
-    rows = R.l1_table(points)
+    rows = l1_table(points)
     assert [r["skipped"] for r in rows] == ["no", "yes"]
     assert rows[1]["tokens engine"] is None and rows[1]["engine/predicted"] is None
     assert rows[0]["engine/predicted"] == 1.0
-    fig = R.plot_l1(points)
+    fig = plot_l1(points)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert "(skipped)" not in labels[0] and "(skipped)" in labels[1]
-    assert "skipped" not in R.l1_table(points[:1])[0]   # no skipped point: the table is as before
+    assert "skipped" not in l1_table(points[:1])[0]   # no skipped point: the table is as before
 
 
 def test_l4_table_ratios_and_plot_with_the_fp8_engine_skipped():
@@ -141,11 +142,11 @@ def test_l4_table_ratios_and_plot_with_the_fp8_engine_skipped():
     engines = {"auto": {"kv_cache_tokens": 4096, "preemptions": 0, "bench": {"summary": summary}},
                "fp8": {"engine_args": {"kv_cache_dtype": "fp8"}, "skipped": REASON}}
     predictions = {"auto": {"kv_cache_tokens": 4096}, "fp8": {"kv_cache_tokens": 8192}}
-    rows = R.l4_table(["auto", "fp8"], predictions, engines)
+    rows = l4_table(["auto", "fp8"], predictions, engines)
     assert [r["skipped"] for r in rows] == ["no", "yes"]
     assert rows[1]["tokens predicted"] == 8192 and rows[1]["tokens engine"] is None and rows[1]["output tok/s"] is None
-    assert R.l4_ratios(["auto", "fp8"], engines) == (None, None)
-    fig = R.plot_l4({"workload": {"kv_dtypes": ["auto", "fp8"]}, "predictions": predictions, "engines": engines})
+    assert l4_ratios(["auto", "fp8"], engines) == (None, None)
+    fig = plot_l4({"workload": {"kv_dtypes": ["auto", "fp8"]}, "predictions": predictions, "engines": engines})
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert "(skipped)" not in labels[0] and "(skipped)" in labels[1]
 

@@ -15,7 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servebook import figures as F  # noqa: E402
-from servebook.lab import recorded as R  # noqa: E402
+from servebook.lab.lab3_preemption import load_l3, plot_l3  # noqa: E402
+from servebook.lab.lab5_chunked_prefill import l5_table  # noqa: E402
+from servebook.lab.recorded import load_recorded, recorded_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs" / "results" / "labs"
@@ -70,7 +72,7 @@ def test_l3_plot_draws_the_recorded_sweep(close_figures):
     points = []
     for name in ("l3_preemption_16_48_gpu.json", "l3_preemption_128_256_gpu.json"):
         points += json.loads((LABS / name).read_text())["measurements"]["points"]
-    fig = R.plot_l3(R.load_l3()["measurements"])
+    fig = plot_l3(load_l3()["measurements"])
     assert_page_figure(fig, categorical="x")   # --max-num-seqs values as ticks
     ax, ax2 = fig.axes
     ax, ax2 = (ax, ax2) if ax.get_ylabel().startswith("output") else (ax2, ax)
@@ -149,9 +151,9 @@ def test_roofline_places_each_recorded_step_at_model_flops_over_measured_time(cl
 
 def test_chunk_tradeoff_draws_lab5s_medians(close_figures):
     m = json.loads((LABS / "l5_chunked_prefill_gpu.json").read_text())["measurements"]
-    doc = R.load_recorded(R.recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
+    doc = load_recorded(recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
     target = m["prediction"]["recommendation"]["target_step_s"] * 1e3
-    fig = F.plot_chunk_tradeoff(R.l5_table(doc["measurements"]), target, m["measured_knee"])
+    fig = F.plot_chunk_tradeoff(l5_table(doc["measurements"]), target, m["measured_knee"])
     assert_page_figure(fig)
     [ax] = fig.axes
     lines = {l.get_label(): l for l in ax.lines}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from servebook.lab import recorded as R
+from servebook.lab.lab3_preemption import l3_table, load_l3
+from servebook.lab.recorded import load_recorded
 from servebook.lab.deadline import ENV as DEADLINE
 from servebook.lab.errors import LabError
 from servebook.lab.split import part_name, part_paths, selected, sweep
@@ -137,9 +138,9 @@ def _split_recording(tmp_path, change=None) -> list[Path]:
 
 def test_parts_that_agree_merge_into_the_recorded_table(tmp_path):
     _split_recording(tmp_path)
-    whole = R.load_recorded(L3, lab="l3_preemption")
-    merged = R.load_l3(tmp_path)
-    assert R.l3_table(merged["measurements"]["points"]) == R.l3_table(whole["measurements"]["points"])
+    whole = load_recorded(L3, lab="l3_preemption")
+    merged = load_l3(tmp_path)
+    assert l3_table(merged["measurements"]["points"]) == l3_table(whole["measurements"]["points"])
     assert merged["files"] == {16: "l3_preemption_16_48_gpu.json", 48: "l3_preemption_16_48_gpu.json",
                                128: "l3_preemption_128_256_gpu.json", 256: "l3_preemption_128_256_gpu.json"}
     assert merged["measurements"]["measured_first_preempting_max_num_seqs"] == 128
@@ -157,7 +158,7 @@ def test_parts_that_agree_merge_into_the_recorded_table(tmp_path):
 def test_parts_of_different_experiments_are_refused_naming_the_field(tmp_path, change, field):
     _split_recording(tmp_path, change)
     with pytest.raises(LabError, match=rf"l3_preemption_128_256_gpu\.json.*{field}.*l3_preemption_16_48_gpu\.json"):
-        R.load_l3(tmp_path)
+        load_l3(tmp_path)
 
 
 def test_a_skipped_value_is_listed_and_the_earliest_measurement_wins(tmp_path):
@@ -167,15 +168,15 @@ def test_a_skipped_value_is_listed_and_the_earliest_measurement_wins(tmp_path):
     doc["measurements"]["points"].append(dict(json.loads(first.read_text())["measurements"]["points"][0],
                                               output_throughput=1.0))   # 16 again, later: ignored
     second.write_text(json.dumps(doc))
-    merged = R.load_l3(tmp_path)
+    merged = load_l3(tmp_path)
     assert sorted(merged["files"]) == [16, 48, 128] and merged["not_measured"] == [256]
     assert merged["measurements"]["points"][0]["output_throughput"] > 1.0
 
 
 def test_a_single_file_for_the_whole_sweep_loads_unchanged(tmp_path):
     (tmp_path / "l3_preemption_gpu.json").write_text(L3.read_text())
-    whole = R.load_recorded(L3, lab="l3_preemption")
-    view = R.load_l3(tmp_path)
+    whole = load_recorded(L3, lab="l3_preemption")
+    view = load_l3(tmp_path)
     assert view["measurements"] == whole["measurements"]
     assert set(view["files"].values()) == {"l3_preemption_gpu.json"}
 
@@ -184,7 +185,7 @@ def test_the_recorded_parts_name_their_part_and_merge_into_the_whole_sweep():
     parts = part_paths("l3_preemption", RECORDED)
     assert [p.name for p in parts] == ["l3_preemption_128_256_gpu.json", "l3_preemption_16_48_gpu.json"]
     assert {json.loads(p.read_text())["lab"] for p in parts} == {"l3_preemption_16_48", "l3_preemption_128_256"}
-    view = R.load_l3()
+    view = load_l3()
     assert view["lab"] == "l3_preemption" and view["not_measured"] == []
     assert [p["max_num_seqs"] for p in view["measurements"]["points"]] == SWEPT
     assert view["files"][16] == view["files"][48] == "l3_preemption_16_48_gpu.json"
@@ -196,17 +197,17 @@ def test_a_part_whose_lab_does_not_match_its_file_name_is_refused(tmp_path):
     doc["lab"] = "l3_preemption_128_256"
     (tmp_path / "l3_preemption_16_48_gpu.json").write_text(json.dumps(doc))
     with pytest.raises(LabError, match="holds lab 'l3_preemption_128_256'.*part 'l3_preemption_16_48'"):
-        R.load_l3(tmp_path)
+        load_l3(tmp_path)
 
 
 def test_no_file_or_only_skipped_points_say_what_to_do(tmp_path):
     with pytest.raises(LabError, match="run_labs_gpu.sh l3a"):
-        R.load_l3(tmp_path)
+        load_l3(tmp_path)
     doc = json.loads(L3.read_text())
     doc["measurements"]["points"] = [{"max_num_seqs": 16, "skipped": "runner's deadline: 3 s left"}]
     (tmp_path / "l3_preemption_16_gpu.json").write_text(json.dumps(doc))
     with pytest.raises(LabError, match="measured no --max-num-seqs value.*3 s left"):
-        R.load_l3(tmp_path)
+        load_l3(tmp_path)
 
 
 def test_part_paths_ignore_other_labs_and_profiles(tmp_path):

@@ -1,6 +1,6 @@
 """The recorded GPU labs (labs/results/labs/*_gpu.json) load with their provenance, and the tables
-and plots the book renders from them (servebook.lab.recorded) agree with numbers recomputed here,
-by hand, from the raw measurements in the files.
+and plots the book renders from them (servebook.lab.lab1_memory ... lab6_prefix_caching) agree with
+numbers recomputed here, by hand, from the raw measurements in the files.
 """
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ matplotlib.use("Agg")
 
 from servebook.lab import LabError  # noqa: E402
 from lab_pages import lab_note  # noqa: E402
-from servebook.lab import recorded as R  # noqa: E402
+from servebook.lab.engine_stats import bench_prefix_caches, load_hit_pct, logged_max_running  # noqa: E402
+from servebook.lab.lab1_memory import l1_table, plot_l1  # noqa: E402
+from servebook.lab.lab2_batching import l2_summary, plot_l2, static_useful_fraction  # noqa: E402
+from servebook.lab.lab3_preemption import first_preempting, l3_table, load_l3, plot_l3, preemption_knee  # noqa: E402
+from servebook.lab.lab4_fp8_kv import l4_ratios, l4_table, plot_l4  # noqa: E402
+from servebook.lab.lab5_chunked_prefill import l5_table, plot_l5  # noqa: E402
+from servebook.lab.lab6_prefix_caching import l6_offline_table, l6_serving_table, plot_l6  # noqa: E402
+from servebook.lab.recorded import load_recorded, provenance, what_ran  # noqa: E402
+from servebook.lab.rerecordings import PREVIOUS_RECORDINGS, previous_path, recording_changes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "labs" / "results" / "labs"
@@ -42,7 +50,7 @@ def raw(lab: str) -> dict:
 
 def rendered(lab: str) -> dict:
     """What the book renders for ``lab`` (Lab 3: its parts merged by ``load_l3``)."""
-    return R.load_l3() if lab == "l3_preemption" else R.load_recorded(RESULTS / f"{lab}_gpu.json", lab=lab)
+    return load_l3() if lab == "l3_preemption" else load_recorded(RESULTS / f"{lab}_gpu.json", lab=lab)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def test_recorded_file_has_provenance_of_the_h200_run(lab):
     # The config the engine loaded is the one whose hash the file carries (canonical JSON, by hand).
     blob = json.dumps(doc["config"], sort_keys=True, separators=(",", ":")).encode()
     assert doc["config_sha256"] == hashlib.sha256(blob).hexdigest()
-    head = R.provenance(doc)
+    head = provenance(doc)
     assert (head["layers"], head["hidden_size"], head["kv_heads"]) == (32, 4096, 8)   # Llama 3.1 8B shape
     assert head["vllm_version"] == "0.26.0" and head["date"] == DATES[lab]
 
@@ -71,7 +79,7 @@ def test_recorded_file_has_provenance_of_the_h200_run(lab):
 
 def test_l1_table_ratios_recomputed_from_raw_points(docs):
     points = raw("l1_memory_budget")["measurements"]["points"]
-    rows = R.l1_table(docs["l1_memory_budget"]["measurements"]["points"])
+    rows = l1_table(docs["l1_memory_budget"]["measurements"]["points"])
     assert len(rows) == len(points) == 4
     for row, p in zip(rows, points):
         assert row["tokens engine"] == p["engine"]["kv_cache_tokens"]
@@ -92,7 +100,7 @@ def test_l1_engine_tokens_follow_from_its_logged_gib():
 def test_l1_table_keeps_a_start_that_failed():
     point = {"point": {"max_model_len": 8, "gpu_memory_utilization": 0.9, "kv_cache_dtype": "auto"},
              "prediction": {"available_kv_gib": 1.0, "kv_cache_tokens": 100}, "engine": None}
-    [row] = R.l1_table([point])
+    [row] = l1_table([point])
     assert row["tokens engine"] is None and row["engine/predicted"] is None
 
 
@@ -104,7 +112,7 @@ def test_l2_speedup_recomputed_from_requests(docs):
     v_tput = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
     static = m["static_baseline"]
     h_tput = static["output_tokens"] / static["wall_s"]
-    s = R.l2_summary(docs["l2_paged_continuous"]["measurements"])
+    s = l2_summary(docs["l2_paged_continuous"]["measurements"])
     assert s["vllm_output_throughput"] == pytest.approx(v_tput)
     assert s["static_output_throughput"] == pytest.approx(h_tput)
     assert s["speedup"] == pytest.approx(v_tput / h_tput)
@@ -118,9 +126,9 @@ def test_l2_speedup_recomputed_from_requests(docs):
 
 def test_static_useful_fraction_by_hand():
     # L = 256, r = 0.9: lengths on [25, 486]; the max of 32 draws is expected at 25 + 461 * 32 / 33.
-    assert R.static_useful_fraction(256, 0.9, 32) == pytest.approx(256 / (25 + 461 * 32 / 33))
+    assert static_useful_fraction(256, 0.9, 32) == pytest.approx(256 / (25 + 461 * 32 / 33))
     # No spread: every slot is useful.
-    assert R.static_useful_fraction(100, 0.0, 8) == pytest.approx(1.0)
+    assert static_useful_fraction(100, 0.0, 8) == pytest.approx(1.0)
 
 
 # ---- L3 -------------------------------------------------------------------------------------
@@ -128,13 +136,13 @@ def test_static_useful_fraction_by_hand():
 def test_l3_knee_and_first_preempting_point(docs):
     m = raw("l3_preemption")["measurements"]
     # 512 + 128 tokens in 16-token blocks = 40 blocks; 2,048 // 40 = 51 requests fit.
-    assert R.preemption_knee(2048, 512, 128, 16) == (40, 51) == (m["blocks_per_request"], m["predicted_knee"])
-    assert R.preemption_knee(2048, 513, 128, 16) == (41, 49)   # one token more: a 41st block
+    assert preemption_knee(2048, 512, 128, 16) == (40, 51) == (m["blocks_per_request"], m["predicted_knee"])
+    assert preemption_knee(2048, 513, 128, 16) == (41, 49)   # one token more: a 41st block
     by_seqs = {p["max_num_seqs"]: p["preemptions"] for p in m["points"]}
     assert by_seqs[48] == 0 and by_seqs[128] > 0
-    assert R.first_preempting(docs["l3_preemption"]["measurements"]["points"]) == 128
-    assert R.first_preempting([{"max_num_seqs": 8, "preemptions": 0}]) is None
-    rows = R.l3_table(docs["l3_preemption"]["measurements"]["points"])
+    assert first_preempting(docs["l3_preemption"]["measurements"]["points"]) == 128
+    assert first_preempting([{"max_num_seqs": 8, "preemptions": 0}]) is None
+    rows = l3_table(docs["l3_preemption"]["measurements"]["points"])
     assert [r["max_num_seqs"] for r in rows] == [16, 48, 128, 256]
     for r, p in zip(rows, m["points"]):
         s = p["bench"]["summary"]
@@ -147,11 +155,11 @@ def test_l4_ratios_recomputed(docs):
     e = raw("l4_fp8_kv")["measurements"]["engines"]
     tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
     m = docs["l4_fp8_kv"]["measurements"]
-    tokens, throughput = R.l4_ratios(["auto", "fp8"], m["engines"])
+    tokens, throughput = l4_ratios(["auto", "fp8"], m["engines"])
     assert tokens == pytest.approx(e["fp8"]["kv_cache_tokens"] / e["auto"]["kv_cache_tokens"])
     assert 1.99 < tokens < 2.01
     assert throughput == pytest.approx(tput["fp8"] / tput["auto"], rel=1e-6)
-    rows = R.l4_table(["auto", "fp8"], m["predictions"], m["engines"])
+    rows = l4_table(["auto", "fp8"], m["predictions"], m["engines"])
     assert [r["preemptions"] for r in rows] == [e["auto"]["preemptions"], e["fp8"]["preemptions"]]
     assert rows[0]["preemptions"] > rows[1]["preemptions"] > 0      # both preempted, fp8 fewer times
 
@@ -162,7 +170,7 @@ def test_l4_ratios_recomputed(docs):
 def test_l5_table_recomputed_from_the_step_log_and_the_runs(docs):
     m = docs["l5_chunked_prefill"]["measurements"]
     w = m["workload"]
-    rows = {(r["chunking"], r["budget"]): r for r in R.l5_table(m)}
+    rows = {(r["chunking"], r["budget"]): r for r in l5_table(m)}
     assert len(rows) == len(m["configs"]) == len(w["max_num_batched_tokens"]) + 1
     for c in m["configs"]:
         budget = c["max_num_batched_tokens"]
@@ -184,7 +192,7 @@ def test_l5_table_recomputed_from_the_step_log_and_the_runs(docs):
 
 def test_l5_chunking_cut_the_gap_and_the_knee_is_the_recorded_one(docs):
     m = docs["l5_chunked_prefill"]["measurements"]
-    rows = R.l5_table(m)
+    rows = l5_table(m)
     off = next(r for r in rows if r["chunking"] == "off")
     assert all(r["worst ITL ms measured"] < off["worst ITL ms measured"] / 4 for r in rows if r["chunking"] == "on")
     assert m["measured_knee"] == 1024 and m["prediction"]["knee"] == 256 and m["complete"] and not m["skipped"]
@@ -194,7 +202,7 @@ def test_l5_chunking_cut_the_gap_and_the_knee_is_the_recorded_one(docs):
 
 def test_l6_tables_recomputed_from_the_counters(docs):
     m = docs["l6_prefix_caching"]["measurements"]
-    serving = R.l6_serving_table(m)
+    serving = l6_serving_table(m)
     assert len(serving) == 2 * len(m["predicted"])
     for r in serving:
         counters = m["engines"][r["caching"]]["workloads"][r["workload"]]
@@ -203,7 +211,7 @@ def test_l6_tables_recomputed_from_the_counters(docs):
         else:
             assert r["hit rate"] == counters["hits"] / counters["queries"]
             assert r["predicted hit rate"] == m["predicted"][r["workload"]]["hit_rate"]
-    offline = {r["order"]: r for r in R.l6_offline_table(m)}
+    offline = {r["order"]: r for r in l6_offline_table(m)}
     for order, r in offline.items():
         o = m["engines"]["on"]["offline"][order]
         assert r["hit rate"] == o["hits"] / o["queries"] and r["wall s"] == o["wall_s"]
@@ -222,6 +230,9 @@ def test_l6_system_workload_hits_by_hand(docs):
 
 # ---- plots ----------------------------------------------------------------------------------
 
+PLOTS = {"l1": plot_l1, "l2": plot_l2, "l3": plot_l3, "l4": plot_l4, "l5": plot_l5, "l6": plot_l6}
+
+
 @pytest.mark.parametrize("lab,plot", [("l1_memory_budget", "l1"), ("l2_paged_continuous", "l2"),
                                       ("l3_preemption", "l3"), ("l4_fp8_kv", "l4"),
                                       ("l5_chunked_prefill", "l5"), ("l6_prefix_caching", "l6")])
@@ -230,7 +241,7 @@ def test_plots_label_every_axis_with_units(docs, lab, plot):
 
     doc = docs[lab]
     m = doc["measurements"]
-    fig = getattr(R, f"plot_{plot}")(m["points"] if plot == "l1" else m, doc)
+    fig = PLOTS[plot](m["points"] if plot == "l1" else m, doc)
     try:
         for ax in fig.axes:
             assert ax.get_ylabel(), (plot, ax)
@@ -265,7 +276,7 @@ def test_wrong_schema_is_refused_naming_it(tmp_path):
     doc = raw("l3_preemption")
     doc["schema"] = "servebook.startup-logs/1"
     with pytest.raises(LabError, match="servebook.startup-logs/1.*expected 'servebook.lab/1'"):
-        R.load_recorded(_write(tmp_path, doc))
+        load_recorded(_write(tmp_path, doc))
 
 
 @pytest.mark.parametrize("drop", ["vllm_version", "date", "config", "gpu.driver", "gpu.name"])
@@ -276,85 +287,77 @@ def test_missing_provenance_field_is_named(tmp_path, drop):
     else:
         del doc[drop]
     with pytest.raises(LabError, match=f"lacks provenance field.*{drop.replace('.', '[.]')}"):
-        R.load_recorded(_write(tmp_path, doc))
+        load_recorded(_write(tmp_path, doc))
 
 
 def test_other_bad_files_give_clear_errors(tmp_path):
     with pytest.raises(LabError, match="no such lab result"):
-        R.load_recorded(tmp_path / "absent.json")
+        load_recorded(tmp_path / "absent.json")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(LabError, match="is not JSON"):
-        R.load_recorded(tmp_path / "bad.json")
+        load_recorded(tmp_path / "bad.json")
     doc = raw("l4_fp8_kv")
     with pytest.raises(LabError, match="holds lab 'l4_fp8_kv', not 'l3_preemption'"):
-        R.load_recorded(_write(tmp_path, doc), lab="l3_preemption")
+        load_recorded(_write(tmp_path, doc), lab="l3_preemption")
     doc["date"] = "yesterday"
     with pytest.raises(LabError, match="not an ISO 8601"):
-        R.load_recorded(_write(tmp_path, doc))
+        load_recorded(_write(tmp_path, doc))
 
 
-# ---- the lab pages' notes quote the recorded files (the labs are not executed: no glue) ------
+# ---- the lab pages link their results page (the labs are not executed: they quote no recorded number) ----
 
 @pytest.mark.parametrize("lab", LABS)
-def test_lab_note_names_the_recorded_run_and_links_the_results_page(lab):
-    doc = raw(lab)
+def test_lab_note_links_its_results_page_and_names_the_recorded_files(lab):
+    n = lab[1]
     note = lab_note(lab)
-    assert "Not yet recorded" not in note
-    assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
+    assert f"<results_l{n}>" in note
     files = L3_PARTS if lab == "l3_preemption" else (f"{lab}_gpu.json",)
-    assert "<recorded_results>" in note and all(f in note for f in files)
+    assert all(f in note and (RESULTS / f).is_file() for f in files)
+    page = (ROOT / "labs" / f"results_l{n}.md").read_text()
+    assert f"{{doc}}`Lab {n} <{lab}>`" in page                    # and the page links back to its lab
 
 
-def test_lab_notes_headline_numbers_match_the_files():
-    l1 = raw("l1_memory_budget")["measurements"]["points"]
-    r1 = [p["engine"]["kv_cache_tokens"] / p["prediction"]["kv_cache_tokens"] for p in l1]
-    assert f"over {len(l1)} engine starts" in lab_note("l1_memory_budget")
-    assert f"{min(r1):.3f}–{max(r1):.3f} times" in lab_note("l1_memory_budget")
-    m2 = raw("l2_paged_continuous")["measurements"]
-    reqs = m2["vllm"]["requests"]
-    v = sum(q["output_len"] for q in reqs) / max(q["start_s"] + q["latency_s"] for q in reqs)
-    h = m2["static_baseline"]["output_tokens"] / m2["static_baseline"]["wall_s"]
-    assert f"same {len(reqs)} requests vLLM served {v / h:.1f}x" in lab_note("l2_paged_continuous")
-    assert f"(batch {m2['static_baseline']['batch_size']})" in lab_note("l2_paged_continuous")
-    m3 = raw("l3_preemption")["measurements"]
-    pre = {p["max_num_seqs"]: p["preemptions"] for p in m3["points"]}
-    assert pre[48] == 0 and (f"no preemptions at `--max-num-seqs` 48 and {pre[128]:.0f} at 128 "
-                             f"(predicted knee: {m3['predicted_knee']})") in lab_note("l3_preemption")
-    assert f"pool of {m3['workload']['num_gpu_blocks_override']:,} blocks" in lab_note("l3_preemption")
-    e = raw("l4_fp8_kv")["measurements"]["engines"]
-    tput = {d: e[d]["bench"]["summary"]["total_output_tokens"] / e[d]["bench"]["summary"]["duration"] for d in e}
-    note = lab_note("l4_fp8_kv")
-    assert f"fp8 held {e['fp8']['kv_cache_tokens'] / e['auto']['kv_cache_tokens']:.2f}x the tokens" in note
-    assert (f"preempted {e['auto']['preemptions']:.0f} times, the fp8 one {e['fp8']['preemptions']:.0f}, "
-            f"and fp8 served {tput['fp8'] / tput['auto']:.2f}x") in note
-    rates = [e[d]["bench"]["prefix_cache"]["hit_tokens"] / e[d]["bench"]["prefix_cache"]["query_tokens"] for d in e]
-    assert f"prefix-cache hit rates {rates[0]:.1%} and {rates[1]:.1%}" in note
-    pc2 = m2["vllm"]["prefix_cache"]
-    assert f"(prefix-cache hit rate {pc2['hit_tokens'] / pc2['query_tokens']:.1%})" in lab_note("l2_paged_continuous")
-    m5 = raw("l5_chunked_prefill")["measurements"]
-    r5 = {(r["chunking"], r["budget"]): r for r in R.l5_table(m5)}
-    note = lab_note("l5_chunked_prefill")
-    assert (f"gave one {r5[('off', 8192)]['worst ITL ms measured']:.0f} ms gap with chunking off and "
-            f"{r5[('on', 1024)]['worst ITL ms measured']:.1f} ms at a budget of 1,024") in note
-    assert (f"at 128 a chunked step took {r5[('on', 128)]['step ms engine']:.1f} ms in the engine's log against "
-            f"{r5[('on', 128)]['step ms predicted']:.1f} ms predicted (measured knee: {m5['measured_knee']:,}; "
-            f"predicted: {m5['prediction']['knee']})") in note
-    w5 = m5["workload"]
-    assert f"an {w5['long_prompt_tokens']:,}-token prompt among {w5['decode_requests']} decodes" in note
-    m6 = raw("l6_prefix_caching")["measurements"]
-    s6 = {(r["workload"], r["caching"]): r for r in R.l6_serving_table(m6)}
-    o6 = {r["order"]: r for r in R.l6_offline_table(m6)}
-    note = lab_note("l6_prefix_caching")
-    assert f"hit rate {s6[('system', 'on')]['hit rate']:.3f} for the shared system prompt" in note
-    assert (f"caching cut the mean TTFT {s6[('system', 'off')]['mean TTFT ms'] / s6[('system', 'on')]['mean TTFT ms']:.1f}x"
-            f" and raised output throughput "
-            f"{s6[('system', 'on')]['output tok/s'] / s6[('system', 'off')]['output tok/s']:.1f}x") in note
-    assert (f"grouped by prefix hit {o6['grouped']['hit rate']:.3f} and shuffled {o6['shuffled']['hit rate']:.3f} "
-            f"(predicted {o6['shuffled']['predicted (this pool)']:.3f})") in note
+@pytest.mark.parametrize("n", range(1, 7))
+def test_results_page_runs_and_its_claims_hold(n, monkeypatch, capsys):
+    """Each lab's results page (labs/results_l<N>.md, executed when the book is built) asserts the
+    claims its prose makes in hidden cells: run them here too, so a claim that stops holding fails
+    pytest, not only the book build."""
+    import matplotlib.pyplot as plt
+    from servebook.lab.run_notebook import main
+
+    monkeypatch.chdir(ROOT / "labs")
+    try:
+        rc = main(str(ROOT / "labs" / f"results_l{n}.md"))
+    finally:
+        plt.close("all")
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_labs_1_to_6_ran_on_one_gpu_driver_release_and_model_config(docs):
+    # (the claim the shared header of the old results page asserted; each lab's page now prints its own)
+    first = docs[LABS[0]]
+    for lab, doc in docs.items():
+        assert (doc["gpu"]["name"], doc["gpu"]["driver"], doc["gpu"]["cuda"], doc["gpu"]["torch_version"],
+                doc["vllm_version"]) == (first["gpu"]["name"], first["gpu"]["driver"], first["gpu"]["cuda"],
+                                         first["gpu"]["torch_version"], first["vllm_version"]), lab
+        assert doc["config_sha256"] == first["config_sha256"], lab
+    assert first["vllm_version"] == "0.26.0"
+
+
+def test_what_ran_prints_the_files_provenance(docs):
+    doc = docs["l4_fp8_kv"]
+    table = what_ran(doc)
+    rows = dict(line.strip("|").split(" | ", 1) for line in table.splitlines()[2:])
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["GPU"] == f"1 x NVIDIA H200, {doc['gpu']['total_memory_bytes'] / 2**30:.1f} GiB as torch reports it"
+    assert rows["vLLM"] == "**0.26.0**" and rows["date (UTC)"] == doc["date"][:10]
+    assert rows["driver, CUDA, torch"] == f"{doc['gpu']['driver']}, CUDA {doc['gpu']['cuda']}, torch {doc['gpu']['torch_version']}"
+    assert f"{doc['config']['vocab_size']:,}" in rows["model"] and "32 layers" in rows["model"]
+    assert rows["flags shared by its engines"] == ", ".join(f"`{k}={v}`" for k, v in doc["engine_args"].items())
 
 
 def test_logged_prefix_hit_rate_reads_only_lines_with_a_load_running():
-    from servebook.lab.recorded import engine_logs, logged_prefix_hit_pct
+    from servebook.lab.engine_stats import engine_logs, logged_prefix_hit_pct
 
     line = "INFO [loggers.py:310] Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: {} reqs, Waiting: 0 reqs, " \
            "GPU KV cache usage: 1.0%, Prefix cache hit rate: {}%"
@@ -371,7 +374,7 @@ def test_logged_prefix_hit_rate_reads_only_lines_with_a_load_running():
 
 
 def _logged_rates(measurements) -> list[float]:
-    from servebook.lab.recorded import engine_logs
+    from servebook.lab.engine_stats import engine_logs
 
     rates = []
     for log in engine_logs(measurements):
@@ -384,7 +387,7 @@ def _logged_rates(measurements) -> list[float]:
 def test_first_runs_of_labs_2_to_4_hit_the_prefix_cache_with_their_random_prompts():
     # the caveat the results page prints: read here straight from the raw logs with a plain split.
     # The first runs of Labs 2-4 are kept in raw/.
-    from servebook.lab.recorded import engine_logs, logged_prefix_hit_pct
+    from servebook.lab.engine_stats import engine_logs, logged_prefix_hit_pct
 
     firsts = {lab: json.loads((RAW / f"{lab}_gpu-2026-11-30.json").read_text()) for lab in RERECORDED}
     for lab, doc in firsts.items():
@@ -400,32 +403,32 @@ def test_rerecorded_labs_2_to_4_had_distinct_prompts():
         benches = ([m["vllm"]] if lab.startswith("l2") else [p["bench"] for p in m["points"]] if lab.startswith("l3")
                    else [e["bench"] for e in m["engines"].values()])
         loads = [b["prefix_cache"] for b in benches]
-        assert len(loads) == n_loads and R.bench_prefix_caches(m) == loads
+        assert len(loads) == n_loads and bench_prefix_caches(m) == loads
         for b, pc in zip(benches, loads):
             assert pc["query_tokens"] >= b["summary"]["total_input_tokens"]   # every prompt token was looked up
             assert pc["hit_tokens"] / pc["query_tokens"] == pytest.approx(pc["hit_rate"]) and pc["hit_rate"] < 0.01
-        assert R.load_hit_pct(raw(lab)) == (pytest.approx(100 * max(p["hit_rate"] for p in loads)), "counters")
+        assert load_hit_pct(raw(lab)) == (pytest.approx(100 * max(p["hit_rate"] for p in loads)), "counters")
         # The engines' own stats lines agree: no line with a load running logged 1% or more.
         assert max(_logged_rates(m), default=0.0) < 1
 
 
 def test_previous_recordings_are_named_explicitly_and_dated():
-    assert R.PREVIOUS_RECORDINGS == {"l2_paged_continuous": "l2_paged_continuous_gpu-2026-11-30.json",
+    assert PREVIOUS_RECORDINGS == {"l2_paged_continuous": "l2_paged_continuous_gpu-2026-11-30.json",
                                      "l3_preemption": "l3_preemption_gpu-2026-11-30.json",
                                      "l4_fp8_kv": "l4_fp8_kv_gpu-2026-11-30.json"}
-    for lab in R.PREVIOUS_RECORDINGS:
-        path = R.previous_path(lab)
+    for lab in PREVIOUS_RECORDINGS:
+        path = previous_path(lab)
         assert path == RAW / f"{lab}_gpu-2026-11-30.json"
-        doc = R.load_recorded(path, lab=lab)
+        doc = load_recorded(path, lab=lab)
         assert doc["date"][:10] == "2026-11-30" < raw(lab)["date"][:10]    # the rendered one is newer
     with pytest.raises(LabError, match="'l1_memory_budget' has not been re-recorded"):
-        R.previous_path("l1_memory_budget")
+        previous_path("l1_memory_budget")
 
 
 def test_recording_changes_recomputed_by_hand():
     before = json.loads((RAW / "l4_fp8_kv_gpu-2026-11-30.json").read_text())
     after = raw("l4_fp8_kv")
-    rows = {r["quantity"]: r for r in R.recording_changes(before, after)}
+    rows = {r["quantity"]: r for r in recording_changes(before, after)}
     tput = lambda doc, d: (doc["measurements"]["engines"][d]["bench"]["summary"]["total_output_tokens"]  # noqa: E731
                            / doc["measurements"]["engines"][d]["bench"]["summary"]["duration"])
     r = rows["auto: output tok/s"]
@@ -438,9 +441,9 @@ def test_recording_changes_recomputed_by_hand():
     hit = rows["highest prefix-cache hit rate of a load, %"]
     assert hit["before"] > 30 > 1 > hit["after"] and hit["how"] == "engine log / counters"
     b2 = json.loads((RAW / "l2_paged_continuous_gpu-2026-11-30.json").read_text())
-    rows2 = {r["quantity"]: r for r in R.recording_changes(b2, raw("l2_paged_continuous"))}
+    rows2 = {r["quantity"]: r for r in recording_changes(b2, raw("l2_paged_continuous"))}
     assert rows2["vLLM / static output throughput"]["before"] == pytest.approx(
-        R.l2_summary(b2["measurements"])["speedup"])
+        l2_summary(b2["measurements"])["speedup"])
 
 
 def test_recording_changes_refuses_what_is_not_a_rerecording():
@@ -448,15 +451,15 @@ def test_recording_changes_refuses_what_is_not_a_rerecording():
     other = copy.deepcopy(raw("l4_fp8_kv"))
     other["measurements"]["workload"]["num_prompts"] = 7
     with pytest.raises(LabError, match="differ in workload"):
-        R.recording_changes(before, other)
+        recording_changes(before, other)
     with pytest.raises(LabError, match="cannot compare a recording of 'l4_fp8_kv' with one of 'l2_paged_continuous'"):
-        R.recording_changes(before, raw("l2_paged_continuous"))
+        recording_changes(before, raw("l2_paged_continuous"))
     l1 = raw("l1_memory_budget")
     with pytest.raises(LabError, match="no quantities to compare for 'l1_memory_budget'"):
-        R.recording_changes(l1, l1)
+        recording_changes(l1, l1)
 
 
 def test_logged_max_running_reads_the_stats_lines():
     line = "Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: {} reqs, Waiting: 0 reqs"
-    assert R.logged_max_running("\n".join(line.format(n) for n in (3, 140, 12))) == 140
-    assert R.logged_max_running("no stats") is None
+    assert logged_max_running("\n".join(line.format(n) for n in (3, 140, 12))) == 140
+    assert logged_max_running("no stats") is None

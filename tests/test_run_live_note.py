@@ -31,5 +31,13 @@ def test_the_recorded_results_page_is_not_called_a_gpu_lab():
     assert "bash scripts/lab.sh labs/recorded_results.md" in text
 
 
+def test_the_labs_results_pages_are_not_called_gpu_labs():
+    # labs/results_l<N> render a lab's recorded run at build time: notebook steps, not the GPU node's
+    for n in range(1, 7):
+        text = _text(f"labs/results_l{n}")
+        assert "never executed" not in text and "requirements-gpu-labs.txt" not in text, n
+        assert f"bash scripts/lab.sh labs/results_l{n}.md" in text, n
+
+
 def test_chapter_pages_get_no_note():
     assert run_live_note._note("book/06-01-why-a-serving-engine", ".md", EXCLUDE) is None

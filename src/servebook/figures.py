@@ -157,7 +157,7 @@ def plot_roofline_steps(spec, gpu, prefill: list[dict], decode: list[dict]):
 def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None, knee_budget: int | None = None):
     """Lab 5: long prompt's TTFT against the decodes' worst inter-token gap, one point per budget.
 
-    ``rows`` from :func:`servebook.lab.recorded.l5_table`; measured points labelled with their
+    ``rows`` from :func:`servebook.lab.lab5_chunked_prefill.l5_table`; measured points labelled with their
     ``--max-num-batched-tokens``, the calibrated model's prediction dashed, and ``target_ms`` (the
     procedure's gap target) as a horizontal line when given, and the chunked row of ``knee_budget``
     (the measured knee) ringed when given. Gap on a log scale. Returns the figure.

@@ -7,8 +7,12 @@
   subprocess (:mod:`.offline`).
 * :func:`get_profile` — ``cpu-smoke`` or ``gpu`` (:mod:`.profiles`).
 * :func:`save_result` — JSON with provenance (:mod:`.results`).
-* :mod:`.recorded` — recorded results read back (schema checked) and the L1–L4 tables and plots
-  that the labs and the book share.
+* :mod:`.recorded` — recorded results read back (schema and provenance checked);
+  :mod:`.rerecordings` compares a re-recording with the run it replaced, :mod:`.engine_stats` reads
+  prefix-cache hit rates and running requests from a recording.
+* One module per lab for Labs 1–6 (:mod:`.lab1_memory`, :mod:`.lab2_batching`, :mod:`.lab3_preemption`,
+  :mod:`.lab4_fp8_kv`, :mod:`.lab5_chunked_prefill`, :mod:`.lab6_prefix_caching`): its tables, summaries,
+  figure and reader, which the lab and its results page (``labs/results_l<N>.md``) share.
 """
 from servebook.lab.bench import run_bench
 from servebook.lab.errors import EngineStartError, LabError, PortInUseError

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from servebook.lab.errors import LabError
 from servebook.lab.parallel import comparison_rows, engine_decode_tok_s, mean_engine_itl_s
-from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded, logged_prefix_hit_pct
+from servebook.lab.engine_stats import logged_prefix_hit_pct
+from servebook.lab.recorded import RECORDED_DIR, figure_title, load_recorded
 from servebook.lab.split import check_same_experiment, part_paths
 from servebook.model_spec import ModelSpec
 
