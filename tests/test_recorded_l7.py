@@ -1,5 +1,5 @@
 """Lab 7 as recorded on one H200 (labs/results/labs/l7_speculative_gpu.json): the tables and plot
-of servebook.lab.speculative_report agree with numbers recomputed here by hand from the raw points,
+of servebook.lab.lab7_speculative agree with numbers recomputed here by hand from the raw points,
 and the lab page's note (not executed: no glue) quotes the file.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.lab import LabError  # noqa: E402
-from servebook.lab import speculative_report as S  # noqa: E402
+from servebook.lab import lab7_speculative as S  # noqa: E402
 from lab_pages import lab_note, lab_text  # noqa: E402
 from servebook.lab.recorded import load_recorded, provenance, recorded_path  # noqa: E402
 

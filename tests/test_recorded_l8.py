@@ -1,5 +1,5 @@
 """Lab 8's recorded GPU run (labs/results/batch_tactics/l8-gpu-*.json): the loader checks schema and
-provenance, the table, speed-ups and plot the book renders (servebook.batch.tactics_report) agree
+provenance, the table, speed-ups and plot the book renders (servebook.lab.lab8_batch_tactics) agree
 with numbers recomputed here by hand from the raw runs, the lab page's note quotes the file, and the
 HTTP case reports the server's own error when ``vllm serve`` exits at once.
 """
@@ -17,7 +17,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from servebook.batch import tactics_report as T  # noqa: E402
+from servebook.lab import lab8_batch_tactics as T  # noqa: E402
 from lab_pages import lab_note  # noqa: E402
 from servebook.lab.errors import EngineStartError, LabError  # noqa: E402
 
@@ -200,7 +200,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 
 
 def test_server_that_exits_at_once_reports_its_own_error_and_a_hint(tmp_path):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'vllm'\" >&2; exit 1")
     with pytest.raises(EngineStartError) as info:
@@ -211,7 +211,7 @@ def test_server_that_exits_at_once_reports_its_own_error_and_a_hint(tmp_path):
 
 
 def test_other_early_exits_get_the_generic_hint(tmp_path):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo 'ValueError: max_num_batched_tokens too small'; exit 3")
     with pytest.raises(EngineStartError, match="(?s)exited with code 3.*ValueError: max_num_batched_tokens") as info:
@@ -221,7 +221,7 @@ def test_other_early_exits_get_the_generic_hint(tmp_path):
 
 def test_server_that_never_answers_is_stopped_with_its_children(tmp_path):
     """A server that stays up but never answers /health: the timeout error, and no process left behind."""
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     pidfile = tmp_path / "child.pid"
     fake = _fake_python(tmp_path, f"sleep 300 & echo $! > {pidfile}; wait")
@@ -247,7 +247,7 @@ def _gone(pid: int, within_s: float = 5) -> bool:
 
 
 def test_cli_prints_the_hint_last_and_exits_1(tmp_path, monkeypatch, capsys):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     def fail(*_a, **_k):
         raise EngineStartError("vllm serve exited with code 1 ...\nNo module named 'vllm'", hint="prepend to it")

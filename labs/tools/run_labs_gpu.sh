@@ -197,9 +197,9 @@ PY
 l9_check() {
   "$PY" - <<'PY'
 import sys, torch, vllm
-import servebook.lab, servebook.lab.parallel
+import servebook.lab, servebook.lab.lab9_parallel
 from servebook.lab import get_profile
-from servebook.lab.parallel import visible_gpus
+from servebook.lab.lab9_parallel import visible_gpus
 try:
     import vllm._moe_C_stable_libtorch  # noqa: F401
     moe = "loaded"

@@ -57,7 +57,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                            "document_tokens": 768, "suffix_tokens": 48, "output_tokens": 4},
                "offline_concurrency": 1, "num_gpu_blocks_override": 40, "max_model_len": 1024,
                "max_num_batched_tokens": 4096, "max_num_seqs": 16},
-        # L7: a target/draft pair trained here (servebook.lab.train_pair), float32 so that greedy text is
+        # L7: a target/draft pair trained here (servebook.lab.lab7_train_pair), float32 so that greedy text is
         # comparable between engines. One torch thread: beside other work on 2 cores, 2 threads trained
         # 17x slower (300 s vs 18 s measured), same weights. Small k grid, an illustrative schedule.
         "l7": {"train": {"vocab_size": 512, "seq_len": 64, "batch_size": 16, "steps": 150, "lr": 0.004,
