@@ -179,7 +179,7 @@ def test_tp_vs_dp_draws_lab9s_logged_and_measured_values(close_figures):
     import re
 
     from servebook.hf_config import load_model_spec
-    from servebook.lab.parallel_report import load_l9
+    from servebook.lab.lab9_parallel import load_l9
 
     view = load_l9("qwen3-32b")
     fig = F.plot_tp_vs_dp(view, load_model_spec("qwen3-32b"))

@@ -12,7 +12,7 @@ import pytest
 
 from servebook.lab.deadline import ENV, fits, seconds_left
 from servebook.lab.errors import LabError
-from servebook.lab.speculative_run import measure_speculation
+from servebook.lab.lab7_speculative import measure_speculation
 
 
 def test_no_deadline_means_no_limit(monkeypatch):

@@ -1,4 +1,4 @@
-"""Units of servebook.lab.parallel (Lab 9, TP vs DP): no engine; expectations by hand arithmetic."""
+"""Units of servebook.lab.lab9_parallel (Lab 9, TP vs DP): no engine; expectations by hand arithmetic."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from servebook.hf_config import load_model_spec
 from servebook.lab.errors import LabError
-from servebook.lab.parallel import (
+from servebook.lab.lab9_parallel import (
     ParallelSetup,
     allreduce_rows,
     combine_bench_runs,
@@ -211,7 +211,7 @@ def _point(config, tp, gib, extra=None):
 
 
 def test_comparison_rows_by_hand(coeffs):
-    from servebook.lab.parallel import comparison_rows
+    from servebook.lab.lab9_parallel import comparison_rows
 
     spec = load_model_spec("qwen3-32b")
     cfg = _raw("qwen3-32b")
@@ -280,7 +280,7 @@ def fake_servers(monkeypatch):
 
 
 def test_running_replicas_start_pinned_servers_and_stop_them(fake_servers):
-    from servebook.lab.parallel import running_replicas
+    from servebook.lab.lab9_parallel import running_replicas
 
     envs = replica_envs({}, [[0], [1]])
     with running_replicas("m", {"max_model_len": 64}, envs) as servers:
@@ -291,7 +291,7 @@ def test_running_replicas_start_pinned_servers_and_stop_them(fake_servers):
 
 
 def test_running_replicas_stop_all_when_one_fails(fake_servers):
-    from servebook.lab.parallel import running_replicas
+    from servebook.lab.lab9_parallel import running_replicas
 
     envs = replica_envs({}, [[0], [1]])
     envs[1]["FAIL"] = "1"
@@ -305,7 +305,7 @@ def test_bench_replicas_split_the_load_and_run_together(monkeypatch):
     import threading
 
     import servebook.lab.bench as bench
-    from servebook.lab.parallel import bench_replicas
+    from servebook.lab.lab9_parallel import bench_replicas
 
     barrier = threading.Barrier(2, timeout=10)   # breaks unless both benchmarks are in flight at once
     calls = []

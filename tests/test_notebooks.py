@@ -126,8 +126,10 @@ def test_no_paired_ipynb():
 
 
 #: Pages under labs/ that start no engine and are executed at build time: they render recorded data.
-RENDERED_LAB_PAGES = [ROOT / "labs" / "recorded_results.md", ROOT / "labs" / "e2e_results.md",
-                      *(ROOT / "labs" / f"results_l{n}.md" for n in range(1, 7))]
+RENDERED_LAB_PAGES = [ROOT / "labs" / "e2e_results.md",
+                      *(ROOT / "labs" / f"results_l{n}.md" for n in range(1, 10))]
+#: Labs whose recorded run has a results page of its own, rendered by the page named here.
+LAB_RESULTS_PAGES = {"l7_speculative": "results_l7", "l8_batch_tactics": "results_l8", "l9_tp_vs_dp": "results_l9"}
 
 
 def test_labs_are_never_executed_at_build_time():
@@ -148,6 +150,18 @@ def test_labs_are_never_executed_at_build_time():
         assert mode == "off", (
             f"{lab.relative_to(ROOT)}: add `mystnb:\n  execution_mode: \"off\"` to its header "
             "(a lab starts a real engine and must never run at build time)")
+
+
+def test_each_lab_links_its_results_page_listed_right_after_it():
+    """A lab's note points to the page that renders its recorded run (instead of quoting its numbers),
+    and the table of contents lists that page right after the lab."""
+    parts = yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"]
+    listed = [c["file"] for part in parts for c in part["chapters"]]   # in reading order
+    for lab, page in LAB_RESULTS_PAGES.items():
+        text = (ROOT / "labs" / f"{lab}.md").read_text()
+        note = text[text.index("```{note}"):text.index("```", text.index("```{note}") + 3)]
+        assert f"<{page}>" in note, f"labs/{lab}.md: its note should link {{doc}}`... <{page}>`"
+        assert listed.index(f"labs/{page}") == listed.index(f"labs/{lab}") + 1, f"list labs/{page} after labs/{lab}"
 
 
 def test_recorded_results_page_is_executed_and_listed():

@@ -1,6 +1,6 @@
 """Lab 7 as recorded on one H200 (labs/results/labs/l7_speculative_gpu.json): the tables and plot
-of servebook.lab.speculative_report agree with numbers recomputed here by hand from the raw points,
-and the lab page's note (not executed: no glue) quotes the file.
+of servebook.lab.lab7_speculative agree with numbers recomputed here by hand from the raw points
+(labs/results_l7.md renders them; the lab page links it instead of quoting numbers).
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.lab import LabError  # noqa: E402
-from servebook.lab import speculative_report as S  # noqa: E402
-from lab_pages import lab_note, lab_text  # noqa: E402
+from servebook.lab import lab7_speculative as S  # noqa: E402
 from servebook.lab.recorded import load_recorded, provenance, recorded_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,61 +194,3 @@ def test_missing_baseline_or_bad_max_tokens_is_refused(doc):
     m["engines"]["draft k=2"]["points"][0]["output_tokens"] = 64
     with pytest.raises(LabError, match="needs the same work"):
         S.speedup_rows(m)
-
-
-# ---- the lab page's note and profile paragraph quote the file --------------------------------
-
-def _lab_text() -> str:
-    return lab_text("l7_speculative")
-
-
-def _note() -> str:
-    return lab_note("l7_speculative")
-
-
-def test_lab_note_names_the_recorded_run_and_links_the_results_page():
-    d = raw()
-    note = _note()
-    assert "Not yet recorded" not in note
-    assert f"{d['gpu']['name']} with vLLM {d['vllm_version']} (the book describes 0.27.1)" in note
-    assert d["date"][:10] in note and "<recorded_results>" in note and "l7_speculative_gpu.json" in note
-
-
-def test_lab_note_headline_numbers_match_the_file():
-    m = raw()["measurements"]
-    note = _note()
-    params = m["pair"]["parameters"]
-    assert f"{params['target'] / 1e6:.1f} M-parameter target and a {params['draft'] / 1e6:.1f} M draft" in note
-    firsts = [m["acceptance"][n]["accepted_per_position"][0] / m["acceptance"][n]["drafts"]
-              for n in ("draft k=2", "draft k=4")]
-    assert f"accepted {min(firsts):.2f}–{max(firsts):.2f} of the time" in note
-    base = _points(m, "baseline")
-    tps, speed = [], []
-    for name in ("ngram k=3", "draft k=2", "draft k=4"):
-        for b, p in _points(m, name).items():
-            c = p["counters"]
-            steps = c["drafts"] + b if name.startswith("draft") else p["output_tokens"] - c["accepted_tokens"]
-            tps.append(p["output_tokens"] / steps)
-            speed.append(base[b]["wall_s"] / p["wall_s"])
-    pred = [r["predicted speedup"] for r in m["speedup"]]
-    assert f"gained {min(tps):.2f}–{max(tps):.2f} tokens per step" in note
-    assert (f"({min(speed):.2f}–{max(speed):.2f}x, where servebook predicted "
-            f"{min(pred):.2f}–{max(pred):.2f}x)") in note
-    plain = base[1]["wall_s"] / 128 * 1e3
-    read = params["target"] * 2 / 4.8e12 * 1e3
-    assert f"took {plain:.2f} ms at batch 1, of which reading its weights is {read:.3f} ms" in note
-    assert "schedule engine was stopped by the runner's deadline" in note
-
-
-def test_lab_profile_paragraph_matches_the_file():
-    m = raw()["measurements"]
-    text = _lab_text()
-    secs = m["pair"]["seconds"]
-    starts = [e["startup_s"] for e in m["engines"].values() if e["ok"]]
-    timeout = m["engines"]["draft schedule"]["error"].split("within the ")[1].split(" s")[0]
-    params = m["pair"]["parameters"]
-    assert (f"~{params['target'] / 1e6:.0f} M-parameter target and a ~{params['draft'] / 1e6:.0f} M draft "
-            f"({m['pair']['sizes']['steps']} steps: {secs['train_both']:.0f} s on the H200, "
-            f"{secs['total']:.0f} s with the tokenizer") in text
-    assert f"started in {min(starts):.0f}–{max(starts):.0f} s on the H200" in text
-    assert f"within the {timeout} s the runner's deadline left" in text

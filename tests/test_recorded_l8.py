@@ -1,7 +1,7 @@
 """Lab 8's recorded GPU run (labs/results/batch_tactics/l8-gpu-*.json): the loader checks schema and
-provenance, the table, speed-ups and plot the book renders (servebook.batch.tactics_report) agree
-with numbers recomputed here by hand from the raw runs, the lab page's note quotes the file, and the
-HTTP case reports the server's own error when ``vllm serve`` exits at once.
+provenance, the table, speed-ups and plot the book renders (servebook.lab.lab8_batch_tactics) agree
+with numbers recomputed here by hand from the raw runs, the common writer's file reads back the
+same, and the HTTP case reports the server's own error when ``vllm serve`` exits at once.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from servebook.batch import tactics_report as T  # noqa: E402
-from lab_pages import lab_note  # noqa: E402
+from servebook.lab import lab8_batch_tactics as T  # noqa: E402
 from servebook.lab.errors import EngineStartError, LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +111,71 @@ def test_plot_is_labelled_with_units_and_the_release():
         plt.close(fig)
 
 
+# ---- the common writer and reader (servebook.lab.save_result, schema servebook.lab/1) ---------
+
+def _save_as_the_lab_would(tmp_path, monkeypatch, doc):
+    """save_tactics on a recorded document, with the engine's provenance that run reported (no engine)."""
+    from servebook.lab import results
+    from servebook.lab.profiles import Profile
+
+    monkeypatch.setenv("SERVEBOOK_LAB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(results, "engine_provenance", lambda env=None: {"gpu": doc["gpu"],
+                                                                       "vllm_version": doc["vllm_version"]})
+    profile = Profile(name="gpu", device="cuda", model_id=doc["model_id"], model_config=doc["config"],
+                      engine_args={"load_format": "dummy"})
+    return T.save_tactics(doc, profile)
+
+
+def test_a_file_of_the_common_writer_reads_back_as_the_recorded_one(tmp_path, monkeypatch):
+    doc = raw()
+    path = _save_as_the_lab_would(tmp_path, monkeypatch, doc)
+    assert path == tmp_path / "l8_batch_tactics_gpu.json"
+    saved = json.loads(path.read_text())
+    assert (saved["schema"], saved["lab"]) == ("servebook.lab/1", "l8_batch_tactics")
+    assert saved["measurements"]["cases"] == doc["cases"] and saved["config_sha256"] == doc["config_sha256"]
+    view = T.load_tactics(path)
+    assert T.tactics_rows(view) == T.tactics_rows(T.load_tactics(RECORDED))
+    assert T.tactic_ratios(view) == T.tactic_ratios(doc)
+    assert T.max_prefix_hit_tokens(view) == T.max_prefix_hit_tokens(doc)
+    assert (view["gpu"], view["vllm_version"], view["profile"]) == (doc["gpu"], doc["vllm_version"], "gpu")
+
+
+def test_the_common_writers_file_is_the_one_rendered_once_it_exists(tmp_path, monkeypatch):
+    from servebook.lab import recorded
+
+    monkeypatch.setattr(recorded, "RECORDED_DIR", tmp_path)
+    assert T.recorded_tactics_path() == RECORDED                   # only the 2026-11-30 file so far
+    path = _save_as_the_lab_would(tmp_path, monkeypatch, raw())
+    assert T.recorded_tactics_path() == path
+
+
+def test_common_writer_file_without_cases_or_of_another_model_is_refused(tmp_path, monkeypatch):
+    from servebook.lab.profiles import Profile
+
+    path = _save_as_the_lab_would(tmp_path, monkeypatch, raw())
+    saved = json.loads(path.read_text())
+    del saved["measurements"]["cases"]
+    path.write_text(json.dumps(saved))
+    with pytest.raises(LabError, match="measurements lack cases"):
+        T.load_tactics(path)
+    tiny = Profile(name="cpu-smoke", device="cpu", model_id="tiny-llama", model_config={"hidden_size": 64})
+    with pytest.raises(LabError, match="served llama-3.1-8b, the cpu-smoke profile names tiny-llama.*SERVEBOOK_LAB_MODEL"):
+        T.save_tactics(raw(), tiny)
+
+
+def test_settings_come_from_the_shared_profile_table():
+    from servebook.lab.profiles import LAB_PARAMS
+
+    for name, settings in T.PROFILES.items():
+        params = LAB_PARAMS[name]["l8"]
+        assert settings.name == name and settings.max_num_seqs == params["max_num_seqs"]
+        assert settings.workload.num_requests == params["workload"]["num_requests"]
+    # the sizes the 2026-11-30 H200 run recorded are the gpu profile's, field for field
+    from dataclasses import asdict
+
+    assert json.loads(json.dumps(asdict(T.PROFILES["gpu"]))) == raw()["profile_settings"]
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 def test_wrong_schema_is_refused_naming_it(tmp_path):
@@ -164,32 +228,6 @@ def test_no_recorded_file_says_how_to_record_one(tmp_path, monkeypatch):
         T.recorded_tactics_path()
 
 
-# ---- the lab page's note quotes the file (labs are not executed: no glue) --------------------
-
-def _note() -> str:
-    return lab_note("l8_batch_tactics")
-
-
-def test_lab_note_names_the_recorded_run_and_its_numbers():
-    doc = raw()
-    note = _note()
-    assert "Not yet recorded" not in note
-    assert f"{doc['gpu']['name']} with vLLM {doc['vllm_version']}" in note and doc["date"][:10] in note
-    assert "the book describes 0.27.1" in note
-    assert "<recorded_results>" in note and RECORDED.name in note
-    assert doc["profile_settings"]["repeats"] == 1 and all(len(c["runs"]) == 1 for c in doc["cases"])
-    assert "one run per case" in note
-    tps = {c["name"]: min(r["output_tokens"] / r["wall_s"] for r in c["runs"]) for c in doc["cases"]}
-    lo, hi = min(tps, key=tps.get), max(tps, key=tps.get)
-    assert f"from {tps[lo]:,.0f} output tokens/s ({lo}) to {tps[hi]:,.0f} ({hi})" in note
-    w = doc["profile_settings"]["workload"]
-    assert (f"{w['num_requests']:,} requests, {w['num_prefixes']} shared prefixes of "
-            f"{w['prefix_tokens']:,} tokens") in note
-    run = doc["cases"][1]["runs"][0]
-    assert (f"{run['prefix_cache_hit_tokens']:,.0f} of {run['prefix_cache_query_tokens']:,.0f} prompt tokens "
-            "from the prefix cache") in note
-
-
 # ---- the HTTP case when `vllm serve` exits at once (no engine needed) ------------------------
 
 def _fake_python(tmp_path: Path, body: str) -> Path:
@@ -200,32 +238,32 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 
 
 def test_server_that_exits_at_once_reports_its_own_error_and_a_hint(tmp_path):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'vllm'\" >&2; exit 1")
     with pytest.raises(EngineStartError) as info:
         tactics._serve_case(tactics.PROFILES["cpu-smoke"], tmp_path / "model", [], tmp_path, python=str(fake))
     err = info.value
-    assert "vllm serve exited with code 1" in str(err) and "No module named 'vllm'" in str(err)
+    assert "vllm serve exited with status 1" in str(err) and "No module named 'vllm'" in str(err)
     assert "PYTHONPATH=$PWD/src:$PYTHONPATH" in err.hint and err.hint in str(err)
 
 
 def test_other_early_exits_get_the_generic_hint(tmp_path):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo 'ValueError: max_num_batched_tokens too small'; exit 3")
-    with pytest.raises(EngineStartError, match="(?s)exited with code 3.*ValueError: max_num_batched_tokens") as info:
+    with pytest.raises(EngineStartError, match="(?s)exited with status 3.*ValueError: max_num_batched_tokens") as info:
         tactics._serve_case(tactics.PROFILES["cpu-smoke"], tmp_path / "model", [], tmp_path, python=str(fake))
-    assert "last error line" in info.value.hint
+    assert "above the error line" in info.value.hint
 
 
 def test_server_that_never_answers_is_stopped_with_its_children(tmp_path):
     """A server that stays up but never answers /health: the timeout error, and no process left behind."""
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     pidfile = tmp_path / "child.pid"
     fake = _fake_python(tmp_path, f"sleep 300 & echo $! > {pidfile}; wait")
-    with pytest.raises(EngineStartError, match="did not become healthy in 2 s"):
+    with pytest.raises(EngineStartError, match="did not answer .*/health within 2 s"):
         tactics._serve_case(tactics.PROFILES["cpu-smoke"], tmp_path / "model", [], tmp_path, python=str(fake),
                             health_timeout_s=2)
     child = int(pidfile.read_text())
@@ -247,7 +285,7 @@ def _gone(pid: int, within_s: float = 5) -> bool:
 
 
 def test_cli_prints_the_hint_last_and_exits_1(tmp_path, monkeypatch, capsys):
-    from servebook.batch import tactics
+    from servebook.lab import lab8_batch_tactics as tactics
 
     def fail(*_a, **_k):
         raise EngineStartError("vllm serve exited with code 1 ...\nNo module named 'vllm'", hint="prepend to it")
@@ -262,14 +300,14 @@ def test_cli_prints_the_hint_last_and_exits_1(tmp_path, monkeypatch, capsys):
 # ---- the GPU runner's l8 target (labs/tools/run_labs_gpu.sh), with a fake interpreter ------------
 
 def test_runner_l8_target_runs_the_notebook_with_results_in_out(tmp_path):
-    """`run_labs_gpu.sh l8` runs the L8 notebook, points SERVEBOOK_LAB_RESULTS_DIR at $OUT and keeps
+    """`run_labs_gpu.sh l8` runs the L8 notebook, points SERVEBOOK_LAB_RESULTS at $OUT and keeps
     the caller's PYTHONPATH after the repository's src (replacing it hid vLLM from `vllm serve`)."""
     import subprocess
 
     out = tmp_path / "out"
-    fake = _fake_python(tmp_path, 'echo "$@" > "$SERVEBOOK_LAB_RESULTS_DIR/argv"; '
-                                  'echo "$PYTHONPATH" > "$SERVEBOOK_LAB_RESULTS_DIR/pythonpath"; '
-                                  'echo "{}" > "$SERVEBOOK_LAB_RESULTS_DIR/l8-gpu-fake-vllm0-2026-01-01.json"')
+    fake = _fake_python(tmp_path, 'echo "$@" > "$SERVEBOOK_LAB_RESULTS/argv"; '
+                                  'echo "$PYTHONPATH" > "$SERVEBOOK_LAB_RESULTS/pythonpath"; '
+                                  'echo "{}" > "$SERVEBOOK_LAB_RESULTS/l8_batch_tactics_gpu.json"')
     env = {"PATH": os.environ["PATH"], "OUT": str(out), "PY": str(fake), "PYTHONPATH": "/opt/vllm-site"}
     proc = subprocess.run(["bash", str(ROOT / "labs" / "tools" / "run_labs_gpu.sh"), "l8"], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -277,5 +315,5 @@ def test_runner_l8_target_runs_the_notebook_with_results_in_out(tmp_path):
     assert (out / "argv").read_text().split() == ["-m", "servebook.lab.run_notebook",
                                                   str(ROOT / "labs" / "l8_batch_tactics.md")]
     assert (out / "pythonpath").read_text().strip() == f"{ROOT / 'src'}:/opt/vllm-site"
-    assert f"result: {out}/l8-gpu-fake-vllm0-2026-01-01.json" in proc.stdout
+    assert f"result: {out}/l8_batch_tactics_gpu.json" in proc.stdout
     assert (out / "l8.log").exists()

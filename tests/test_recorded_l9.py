@@ -1,7 +1,7 @@
 """Lab 9's recorded runs on two H200s (labs/results/labs/l9_tp_vs_dp_<model>*_gpu.json): the loader
 merges a model's files only when they describe one experiment, picks each configuration from the
 file that measured it, and the rates the book renders are recomputed here from the raw requests and
-counters; the lab page's note quotes the files.
+counters (labs/results_l9.md renders them; the lab page links it instead of quoting numbers).
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.hf_config import load_model_spec  # noqa: E402
-from servebook.lab import parallel_report as R  # noqa: E402
-from lab_pages import lab_note, lab_text  # noqa: E402
+from servebook.lab import lab9_parallel as R  # noqa: E402
 from servebook.lab.errors import LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,18 +174,3 @@ def test_recorded_hit_rates_show_the_repeated_random_prompts():
     # prompts repeat); the book says so, and this pins the value it quotes
     rows = {r["config"]: r for r in R.saturation_rows(R.load_l9(DENSE))}
     assert rows["TP=1"]["prefix hits % (log)"] == rows["TP=2"]["prefix hits % (log)"] == 55.4
-
-
-def test_lab_page_note_quotes_the_files():
-    note = lab_note("l9_tp_vs_dp")
-    dense = {r["config"]: r for r in R.capacity_rows(R.load_l9(DENSE), load_model_spec(DENSE))}
-    single = {r["config"]: r for r in R.single_stream_rows(R.load_l9(DENSE), load_model_spec(DENSE))}
-    assert f"{dense['TP=2']['KV tokens logged']:,}" in note and f"{dense['TP=1']['KV tokens logged']:,}" in note
-    assert f"{single['TP=1']['TPOT ms']:.1f} ms" in note and f"{single['TP=2']['TPOT ms']:.1f} ms" in note
-    assert "0.26.0" in note and "two" in note.lower()
-
-
-def test_lab_text_quotes_the_recorded_delivery_lag():
-    lags = [r["client/engine"] for m in (DENSE, MOE) for r in R.saturation_rows(R.load_l9(m)) if r["servers"] == 1]
-    text = lab_text("l9_tp_vs_dp")
-    assert f"they were {min(lags):.1f}–{max(lags):.1f} times slower for every single server" in text

@@ -24,16 +24,16 @@ def test_gpu_labs_get_the_gpu_node_note():
         assert "requirements-gpu-labs.txt" in text
 
 
-def test_the_recorded_results_page_is_not_called_a_gpu_lab():
+def test_the_end_to_end_results_page_is_not_called_a_gpu_lab():
     # It is executed at build time and starts no engine: the notebook steps apply.
-    text = _text("labs/recorded_results")
+    text = _text("labs/e2e_results")
     assert "never executed" not in text and "requirements-gpu-labs.txt" not in text
-    assert "bash scripts/lab.sh labs/recorded_results.md" in text
+    assert "bash scripts/lab.sh labs/e2e_results.md" in text
 
 
 def test_the_labs_results_pages_are_not_called_gpu_labs():
     # labs/results_l<N> render a lab's recorded run at build time: notebook steps, not the GPU node's
-    for n in range(1, 7):
+    for n in range(1, 10):
         text = _text(f"labs/results_l{n}")
         assert "never executed" not in text and "requirements-gpu-labs.txt" not in text, n
         assert f"bash scripts/lab.sh labs/results_l{n}.md" in text, n

@@ -197,9 +197,9 @@ PY
 l9_check() {
   "$PY" - <<'PY'
 import sys, torch, vllm
-import servebook.lab, servebook.lab.parallel
+import servebook.lab, servebook.lab.lab9_parallel
 from servebook.lab import get_profile
-from servebook.lab.parallel import visible_gpus
+from servebook.lab.lab9_parallel import visible_gpus
 try:
     import vllm._moe_C_stable_libtorch  # noqa: F401
     moe = "loaded"
@@ -228,13 +228,6 @@ run_lab() {
   if [ -n "${L3_PART[$key]:-}" ]; then  # l3_preemption_16_48_gpu.json, l3_preemption_128_256_gpu.json
     result="${file}_${L3_PART[$key]//,/_}_gpu.json"
     model_env=(env "SERVEBOOK_LAB_L3_MAX_NUM_SEQS=${L3_PART[$key]}")
-  fi
-  if [ "$key" = l8 ]; then
-    # Lab 8 writes servebook.batch_tactics/1 as l8-gpu-<device>-vllm<version>-<date>.json into its own
-    # SERVEBOOK_LAB_RESULTS_DIR (copy it, unedited, to labs/results/batch_tactics/). Its engine child
-    # inherits PYTHONPATH, which this script prepends to (never replaces: env.sh's entries find vLLM).
-    result="l8-gpu-*.json"
-    model_env=(env "SERVEBOOK_LAB_RESULTS_DIR=$OUT")
   fi
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"

