@@ -100,3 +100,32 @@ def checkout_root(directory: str | Path | None = None) -> Path:
     results = results_dir(directory).resolve()
     depth = len(_RESULTS_IN_CHECKOUT.parts)
     return results.parents[depth - 1] if len(results.parents) >= depth else results
+
+
+class StepTimes:
+    """One recorded step-timing file (``step_timing/<model_file>.json``, one engine on one GPU).
+
+    ``decode_s[(batch, prompt_tokens)]`` is the recorded decode step, in seconds, with ``batch``
+    sequences whose prompts held ``prompt_tokens`` tokens; ``prefill_s[tokens]`` the recorded
+    prefill of one prompt of ``tokens`` tokens, in seconds; ``decode_rows`` and ``prefill_rows``
+    the recorded rows themselves (what :mod:`servebook.figures` plots). ``vllm_version``,
+    ``gpu_name`` and ``record`` (the whole document) say where and how it was measured.
+    """
+
+    def __init__(self, record: dict, where: str = "record"):
+        if not record.get("cases"):
+            raise ValueError(f"{where} holds no case; record it with the step-timing lab")
+        result = record["cases"][0]["result"]
+        self.record = record
+        self.vllm_version: str = record["vllm_version"]
+        self.gpu_name: str = record["gpu"]["name"]
+        self.decode_rows: list[dict] = result["decode"]
+        self.prefill_rows: list[dict] = result["prefill"]
+        self.decode_s = {(r["batch"], r["prompt_tokens"]): r["step_s"] for r in self.decode_rows}
+        self.prefill_s = {r["tokens"]: r["time_s"] for r in self.prefill_rows}
+
+
+def step_times(model_file: str, directory: str | Path | None = None) -> StepTimes:
+    """The recorded step timings of ``step_timing/<model_file>.json`` (e.g. ``"qwen3-32b"``), first case."""
+    return StepTimes(read_json("step_timing", f"{model_file}.json", directory=directory),
+                     f"step_timing/{model_file}.json")

