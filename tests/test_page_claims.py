@@ -180,3 +180,128 @@ def test_6_4_longer_prompts_cost_more_than_proportionally_and_longer_contexts_sl
         "6.4: doubling the prompt from 8,192 to 16,384 tokens more than doubles the prefill"
     assert t.decode_s[(16, 8192)] > t.decode_s[(16, 512)], \
         "6.4: 16 sequences at 8,192 tokens of context decode slower than at 512"
+
+
+# ---- 6.5 The memory budget ------------------------------------------------------------------------------
+GEMMA4_ON_H200 = {"dense": "gemma-4-31b", "moe": "gemma-4-26b-a4b"}  # 6.5's two models
+
+
+@pytest.fixture(scope="module")
+def plans_6_5():
+    return {k: make_plan(m, gpu="H200", max_model_len=16384) for k, m in GEMMA4_ON_H200.items()}
+
+
+@pytest.mark.parametrize("kind", GEMMA4_ON_H200)
+def test_6_5_the_four_claims_add_up_to_the_requested_memory(plans_6_5, kind):
+    b = plans_6_5[kind].budget
+    assert abs(b.weights_gib + b.activation_gib + b.non_torch_gib + b.cudagraph_gib + b.available_kv_gib
+               - b.requested_gib) < 1e-6, f"6.5's table ({kind}): weights, working memory and KV are the requested share"
+
+
+def test_6_5_graphs_are_subtracted_on_the_v1_runner_only(plans_6_5):
+    assert plans_6_5["dense"].budget.cudagraph_gib == 0 < plans_6_5["moe"].budget.cudagraph_gib, \
+        "6.5 'the graph estimate on the V1 runner only (the MoE here; the dense ... V2)'"
+
+
+def test_6_5_moe_memory_is_set_by_the_stored_not_the_active_parameters(plans_6_5):
+    p = plans_6_5["moe"]
+    assert p.budget.weights_gib > 5 * p.spec.params.active * 2 / GIB, \
+        "6.5 'Memory is set by the N billion that are stored: X GiB in bf16, not the Y GiB the active count suggests'"
+
+
+@pytest.mark.parametrize("kind", GEMMA4_ON_H200)
+def test_6_5_a_running_request_holds_far_less_than_the_admission_bound_books(plans_6_5, kind):
+    p = plans_6_5[kind]
+    assert p.running.max_running > 4 * p.capacity.max_concurrency, \
+        f"6.5 'the run-time figure is N full-length requests' ({kind}) is no longer several times the logged bound"
+
+
+def test_6_5_most_layers_use_one_sliding_window():
+    windows = {l.sliding_window for l in load_model_spec("gemma-4-31b").layers if l.kind == "sliding"}
+    assert len(windows) == 1, "6.5 'most layers use a sliding window of N tokens' (one size)"
+
+
+def test_6_5_qwen3_32b_shares_each_kv_head_among_eight_query_heads():
+    q = load_model_spec("qwen3-32b")
+    assert (q.num_attention_heads, q.layers[0].num_kv_heads) == (64, 8), \
+        "6.5 'Qwen3-32B has 64 query heads but 8 KV heads' (the common-mistake box)"
+
+
+def test_6_5_the_dense_weights_take_more_and_the_moes_kv_cache_gets_more(plans_6_5):
+    d, m = plans_6_5["dense"].budget, plans_6_5["moe"].budget
+    assert d.weights_bytes > m.weights_bytes and m.available_kv_bytes > d.available_kv_bytes, \
+        "6.5's figure (alt text): 'The dense 31B's weights take the larger share; the MoE model's KV cache' more"
+
+
+# ---- 6.6 --gpu-memory-utilization -----------------------------------------------------------------------
+
+def test_6_6_the_recorded_start_up_at_utilization_0_5_divides_its_request():
+    from servebook.records import recorded_startup
+
+    start = recorded_startup("h200-vllm0.26.0-2026-11-30-b.json", "llama-3.1-8b--util50")
+    log = start.log
+    assert (start.vllm_version, start.gpu_name) == ("0.26.0", "NVIDIA H200"), \
+        "6.6 'Llama 3.1 8B on one NVIDIA H200 (vLLM 0.26.0)'"
+    assert log.gpu_memory_utilization == 0.5, "6.6 'at utilization 0.5'"
+    assert abs(log.total_memory_gib * 0.5 - log.requested_memory_gib) < 0.01, \
+        "6.6 'the GPU reports X GiB, so the instance requests' half of it"
+    parts = log.weights_gib + log.peak_activation_gib + log.non_torch_gib + log.cudagraph_gib + log.available_kv_cache_gib
+    assert abs(parts - log.requested_memory_gib) < 0.05, \
+        "6.6 'the log divides it into' weights, activation, non-torch, graphs and KV (to its 2-decimal rounding)"
+
+
+def test_recorded_startup_names_the_cases_of_a_file_when_one_is_missing():
+    from servebook.records import recorded_startup
+
+    with pytest.raises(KeyError, match=r"llama-3.1-8b--util50"):
+        recorded_startup("h200-vllm0.26.0-2026-11-30-b.json", "no-such-case")
+
+
+def test_6_6_every_hundredth_of_utilisation_goes_to_the_kv_cache():
+    from servebook import DEFAULT_GPU_MEMORY_UTILIZATION
+
+    kv = {u: make_plan("gemma-4-26b-a4b", gpu="H200", max_model_len=16384, gpu_memory_utilization=u)
+          .budget.available_kv_gib for u in (0.90, 0.95)}
+    assert abs((kv[0.95] - kv[0.90]) - 5 * get_gpu("H200").memory_bytes * 0.01 / GIB) < 1e-6, \
+        "6.6 'On an H200, 0.01 of utilization is X GiB, and all of it goes to the KV cache'"
+    assert DEFAULT_GPU_MEMORY_UTILIZATION == 0.92, "6.6's table marks 0.92 as the default row"
+
+
+@pytest.fixture(scope="module")
+def lab1_and_lab4():
+    from servebook.lab.recorded import l1_table, l4_table, load_recorded, recorded_path
+
+    l1 = load_recorded(recorded_path("l1_memory_budget"), lab="l1_memory_budget")
+    l4 = load_recorded(recorded_path("l4_fp8_kv"), lab="l4_fp8_kv")
+    pts = [p for p in l1["measurements"]["points"] if p["point"]["kv_cache_dtype"] == "auto"]
+    by_u = {p["point"]["gpu_memory_utilization"]: p for p in pts}
+    hi, lo = by_u[max(by_u)], by_u[min(by_u)]
+    gap = {k: p["prediction"]["available_kv_gib"] - p["engine"]["available_kv_cache_gib"]
+           for k, p in (("hi", hi), ("lo", lo))}
+    act = {k: p["engine"]["peak_activation_gib"] for k, p in (("hi", hi), ("lo", lo))}
+    m4 = l4["measurements"]
+    [row4] = l4_table(["auto"], m4["predictions"], m4["engines"])
+    pred4 = m4["predictions"]["auto"]
+    gap4 = (pred4["kv_cache_tokens"] - m4["engines"]["auto"]["kv_cache_tokens"]) * pred4["kv_bytes_per_token"] / GIB
+    return dict(docs=(l1, l4), ratios=[r["engine/predicted"] for r in l1_table(l1["measurements"]["points"])],
+                gap=gap, act=act, gap4=gap4, ratio4=row4["engine/predicted"])
+
+
+def test_6_6_labs_1_and_4_ran_on_one_h200_with_vllm_0_26(lab1_and_lab4):
+    for doc in lab1_and_lab4["docs"]:
+        assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
+            "6.6 'Measured on an H200 ... one NVIDIA H200, vLLM 0.26.0'"
+
+
+def test_6_6_lab_1_the_error_is_an_amount_of_memory_the_activation_swing(lab1_and_lab4):
+    r = lab1_and_lab4
+    assert all(0.99 < x < 1.01 for x in r["ratios"]), "6.6 'the logged GPU KV cache size was 0.99x-1.01x the prediction'"
+    assert r["gap"]["hi"] > 0 > r["gap"]["lo"], "6.6 'its KV budget was X GiB high at the larger and Y GiB low at the smaller'"
+    assert abs((r["gap"]["hi"] - r["gap"]["lo"]) - (r["act"]["hi"] - r["act"]["lo"])) < 0.05, \
+        "6.6 'the same swing as the activation peak the engine logged'"
+
+
+def test_6_6_lab_4_the_same_gap_weighs_a_few_percent_of_a_smaller_pool(lab1_and_lab4):
+    r = lab1_and_lab4
+    assert abs(r["gap4"] - r["gap"]["hi"]) < 0.05, "6.6 'there the same X GiB as at the higher utilization'"
+    assert 0.95 < r["ratio4"] < 0.98, "6.6 'was N% of the KV cache' (a few percent: engine/prediction 0.95-0.98)"

@@ -129,3 +129,33 @@ def step_times(model_file: str, directory: str | Path | None = None) -> StepTime
     """The recorded step timings of ``step_timing/<model_file>.json`` (e.g. ``"qwen3-32b"``), first case."""
     return StepTimes(read_json("step_timing", f"{model_file}.json", directory=directory),
                      f"step_timing/{model_file}.json")
+
+
+class RecordedStartup:
+    """One engine start-up recorded in ``startup_logs/<file_name>`` (a file holds several cases).
+
+    ``log`` is the start-up log parsed (:class:`servebook.startup_log.StartupLog`), ``text`` the log
+    itself, ``engine_args`` how the engine was started; ``vllm_version`` and ``gpu_name`` say where.
+    """
+
+    def __init__(self, record: dict, case: dict):
+        from servebook.startup_log import parse_startup_log
+
+        self.vllm_version: str = record["vllm_version"]
+        self.gpu_name: str = record["gpu"]["name"]
+        self.name: str = case["name"]
+        self.engine_args: dict = case["engine_args"]
+        self.text: str = case["log"]
+        self.log = parse_startup_log(self.text)
+
+
+def recorded_startup(file_name: str, case: str, directory: str | Path | None = None) -> RecordedStartup:
+    """The start-up ``case`` (e.g. ``"llama-3.1-8b--util50"``) of ``startup_logs/<file_name>``.
+
+    An unknown case raises ``KeyError`` listing the file's cases.
+    """
+    record = read_json("startup_logs", file_name, directory=directory)
+    names = [c["name"] for c in record["cases"]]
+    if case not in names:
+        raise KeyError(f"startup_logs/{file_name} has no case {case!r}; its cases are {', '.join(names)}")
+    return RecordedStartup(record, record["cases"][names.index(case)])
