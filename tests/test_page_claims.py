@@ -305,3 +305,51 @@ def test_6_6_lab_4_the_same_gap_weighs_a_few_percent_of_a_smaller_pool(lab1_and_
     r = lab1_and_lab4
     assert abs(r["gap4"] - r["gap"]["hi"]) < 0.05, "6.6 'there the same X GiB as at the higher utilization'"
     assert 0.95 < r["ratio4"] < 0.98, "6.6 'was N% of the KV cache' (a few percent: engine/prediction 0.95-0.98)"
+
+
+# ---- 6.7 --max-model-len --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemma31_lengths():
+    """6.7's table: Gemma 4 31B on one H200 at each --max-model-len (defaults otherwise)."""
+    lengths = (15000, 16384, 30000, 32768, load_model_spec("gemma-4-31b").max_position_embeddings)
+    return {L: make_plan("gemma-4-31b", gpu="H200", max_model_len=L) for L in lengths}
+
+
+def test_6_7_the_kv_pool_is_the_same_whatever_the_limit(gemma31_lengths):
+    blocks = {p.capacity.num_gpu_blocks for p in gemma31_lengths.values()}
+    assert len(blocks) == 1, "6.7 'for Gemma 4 31B on one H200 the pool is N blocks whatever the setting'"
+
+
+def test_6_7_rounding_15000_up_lowers_the_bound_and_costs_nothing_at_run_time(gemma31_lengths):
+    p = gemma31_lengths
+    assert p[16384].capacity.max_concurrency < p[15000].capacity.max_concurrency, \
+        "6.7 'Rounding 15,000 up to 16,384 lowers the logged admission bound by N%'"
+    at_16k = make_plan("gemma-4-31b", gpu="H200", max_model_len=16384, request_tokens=15000).running.max_running
+    assert at_16k == p[15000].running.max_running, \
+        "6.7 '... and costs nothing at run time: requests of 15,000 tokens still run N at once'"
+
+
+def test_6_7_doubling_the_context_does_not_halve_a_hybrid_model_but_halves_a_dense_one(gemma31_lengths):
+    p = gemma31_lengths
+    assert p[30000].capacity.max_concurrency > 0.6 * p[15000].capacity.max_concurrency, \
+        "6.7 'Doubling the context ... multiplies Gemma 4 31B's logged admission bound by X ..., not by one half'"
+    q15, q30 = (make_plan("qwen3-32b", gpu="H200", max_model_len=L) for L in (15000, 30000))
+    assert abs(q30.capacity.max_concurrency / q15.capacity.max_concurrency - 0.5) < 0.01, \
+        "6.7 'For a dense full-attention model such as Qwen3-32B the logged bound's factor is 0.50'"
+    assert q30.running.max_running in (q15.running.max_running // 2, (q15.running.max_running + 1) // 2), \
+        "6.7 'the requests running at once halve too (from N to M, whole requests)'"
+
+
+def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound():
+    from servebook.lab.running_peak import running_peak
+    from servebook.records import e2e_results
+
+    g = next(d for d in e2e_results() if d["model_id"] == "gemma-3-27b")
+    pk = running_peak(g, "peak-6000-96")
+    assert (g["vllm_version"], g["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.7 'Measured on an H200 ... vLLM 0.26.0'"
+    assert pk.predicted_running - 1 <= pk.measured_running <= pk.predicted_running, \
+        "6.7 'it ran N of them at the same time ...; the run-time figure for that pool and length is M'"
+    assert pk.preemptions == 0, "6.7 'it ran N of them at the same time with no preemption'"
+    assert pk.measured_running > 8 * pk.logged_admission, \
+        "6.7 'for a model with sliding-window layers the logged figure is a floor, not the batch you will get'"
