@@ -353,3 +353,85 @@ def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound
     assert pk.preemptions == 0, "6.7 'it ran N of them at the same time with no preemption'"
     assert pk.measured_running > 8 * pk.logged_admission, \
         "6.7 'for a model with sliding-window layers the logged figure is a floor, not the batch you will get'"
+
+
+# ---- 6.8 --kv-cache-dtype -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["gemma-4-31b", "qwen3-32b"])
+def test_6_8_fp8_halves_the_bytes_per_token_and_about_doubles_the_concurrency(model):
+    spec = load_model_spec(model)
+    auto, fp8 = (kv_cache_layout(spec, kv_cache_dtype=d).kv_bytes_per_token for d in ("auto", "fp8"))
+    assert auto == 2 * fp8, f"6.8 'it halves the bytes of every cached token' ({model})"
+    conc = {d: make_plan(model, gpu="H200", max_model_len=32768, kv_cache_dtype=d).capacity.max_concurrency
+            for d in ("auto", "fp8")}
+    assert 1.95 < conc["fp8"] / conc["auto"] < 2.05, \
+        f"6.8 'the guaranteed concurrency of {model} goes from X to Y requests' (about twice)"
+
+
+def test_6_8_the_recorded_fp8_start_up_is_what_servebook_predicts():
+    from servebook import capacity
+    from servebook.records import recorded_startup
+
+    start = recorded_startup("h200-vllm0.26.0-2026-11-30-a.json", "llama-3.1-8b--fp8kv")
+    assert (start.vllm_version, start.gpu_name) == ("0.26.0", "NVIDIA H200"), "6.8 'on one NVIDIA H200 (vLLM 0.26.0)'"
+    assert start.engine_args["kv_cache_dtype"] == "fp8", "6.8 'Llama 3.1 8B with --kv-cache-dtype fp8'"
+    log = start.log
+    pred = capacity(load_model_spec("llama-3.1-8b"), log.available_kv_cache_bytes, max_model_len=32768,
+                    max_num_batched_tokens=8192, kv_cache_dtype="fp8")
+    assert abs(pred.kv_cache_tokens / log.kv_cache_tokens - 1) < 1e-4, \
+        "6.8 'servebook predicts the same figure from the same memory' (to the log's 0.01 GiB rounding)"
+
+
+@pytest.fixture(scope="module")
+def lab4():
+    from servebook.lab.recorded import load_recorded, recorded_path
+
+    return load_recorded(recorded_path("l4_fp8_kv"), lab="l4_fp8_kv")
+
+
+def test_6_8_lab_4_distinct_prompts_on_one_h200(lab4):
+    from servebook.lab.recorded import bench_prefix_caches
+
+    assert (lab4["vllm_version"], lab4["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
+        "6.8 'Lab 4 ... one NVIDIA H200, vLLM 0.26.0'"
+    assert lab4["measurements"]["workload"]["kv_dtypes"] == ["auto", "fp8"], "6.8 'with each cache dtype'"
+    loads = bench_prefix_caches(lab4["measurements"])
+    assert len(loads) == 2 and all(r["query_tokens"] > 0 and r["hit_rate"] < 0.01 for r in loads), \
+        "6.8 Lab 4's prompts are distinct: the prefix cache must show (almost) no hit over either load"
+
+
+def test_6_8_lab_4_fp8_doubled_the_pool_preempted_less_and_served_more(lab4):
+    from servebook.lab.recorded import l4_ratios
+
+    w, e = lab4["measurements"]["workload"], lab4["measurements"]["engines"]
+    tok_ratio, tput_ratio = l4_ratios(w["kv_dtypes"], e)
+    assert 1.99 < tok_ratio < 2.01, "6.8 'the fp8 pool ... N times as many' tokens (twice, to the block)"
+    assert e["auto"]["preemptions"] > e["fp8"]["preemptions"] > 0, \
+        "6.8 'The bf16 engine preempted N times, the fp8 engine M' (both did, fp8 fewer)"
+    assert tput_ratio > 1, "6.8 'fp8 served Nx the output throughput' (more)"
+    assert e["auto"]["kv_cache_tokens"] // (w["input_len"] + w["output_len"]) < w["max_num_seqs"], \
+        "6.8 'at --gpu-memory-utilization 0.25 so that the pool is the limit' (fewer whole requests than --max-num-seqs)"
+
+
+def test_6_8_lab_4_each_request_got_its_tokens_more_slowly_with_more_running(lab4):
+    from servebook.lab.recorded import logged_max_running
+
+    e = lab4["measurements"]["engines"]
+    assert e["fp8"]["bench"]["summary"]["mean_tpot_ms"] > e["auto"]["bench"]["summary"]["mean_tpot_ms"], \
+        "6.8 'Each request, though, received its tokens more slowly with fp8'"
+    assert logged_max_running(e["fp8"]["log"]) > logged_max_running(e["auto"]["log"]), \
+        "6.8 'the larger pool let the engine run more requests at once'"
+
+
+def test_6_8_sliding_layers_hold_most_bytes_at_admission_and_a_minority_while_decoding():
+    plan = make_plan("gemma-4-31b", gpu="H200", max_model_len=32768)
+    in_flight = plan.capacity.in_flight_tokens
+    admitted, decoding = {"sliding": 0, "full": 0}, {"sliding": 0, "full": 0}
+    for layer in kv_cache_layout(plan.spec).layers:
+        kind = "sliding" if layer.kind == "sliding" else "full"
+        admitted[kind] += layer.blocks_per_request(32768, in_flight) * layer.page_size_bytes
+        decoding[kind] += (layer.sliding_window if kind == "sliding" else 32768) * layer.bytes_per_token
+    assert admitted["sliding"] / sum(admitted.values()) > 0.75, \
+        "6.8 'the sliding layers are N% of the bytes, so keeping them in bf16 gives up most of fp8's gain'"
+    assert decoding["sliding"] / sum(decoding.values()) < 0.30, \
+        "6.8 'While that request decodes they hold only their window, N% of its bytes' (a minority)"
