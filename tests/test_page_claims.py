@@ -435,3 +435,72 @@ def test_6_8_sliding_layers_hold_most_bytes_at_admission_and_a_minority_while_de
         "6.8 'the sliding layers are N% of the bytes, so keeping them in bf16 gives up most of fp8's gain'"
     assert decoding["sliding"] / sum(decoding.values()) < 0.30, \
         "6.8 'While that request decodes they hold only their window, N% of its bytes' (a minority)"
+
+
+# ---- 6.9 --max-num-seqs ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama70b_tp2_plan():
+    """The plan 6.9 prints: its arguments are the drift test's entry 'llama70b-h200-tp2' (vllm_claims.toml)."""
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    entry = next(e for e in tomllib.loads(VLLM_CLAIMS.read_text())["plan_command"] if e["id"] == "llama70b-h200-tp2")
+    return make_plan(entry["config"], **{k: v for k, v in entry.items() if k not in ("id", "section", "config")})
+
+
+def test_6_9_full_attention_the_ceiling_is_what_runs(llama70b_tp2_plan):
+    plan = llama70b_tp2_plan
+    cap = plan.capacity
+    assert abs(cap.kv_cache_tokens - cap.num_gpu_blocks * cap.block_size) <= plan.max_model_len, \
+        "6.9 'servebook predicts N blocks of B tokens per GPU, a GPU KV cache size of T tokens' (T = N x B)"
+    assert plan.running.max_running in (int(cap.max_concurrency), int(cap.max_concurrency) - 1), \
+        "6.9 'For a full-attention model like this one it is also what runs (N whole requests)'"
+    assert plan.recommended_max_num_seqs <= cap.max_concurrency, \
+        "6.9 'servebook plan recommends N% of the run-time figure' (no more than the ceiling)"
+
+
+def test_6_9_a_hybrid_model_runs_several_times_its_logged_figure():
+    g = make_plan("gemma-4-31b", gpu="H200", max_model_len=16384)
+    assert g.running.max_running > 4 * g.capacity.max_concurrency, \
+        "6.9 'Gemma 4 31B on one H200 at 16,384 logs X but runs N full-length requests at once'"
+
+
+def test_6_9_simulated_sweep_twice_the_ceiling_is_clean_four_times_is_fastest():
+    blocks, bs, length = 2048, 16, 2048
+    ceiling = blocks // -(-length // bs)
+    assert ceiling == 16, "6.9's sweep table: 'a pool whose worst-case ceiling is 16 requests'"
+    reqs = synthetic_workload(1500, arrival_rate_per_s=40.0, lengths="sharegpt-like", max_model_len=length, seed=1)
+    sweep = {m: simulate(reqs, SchedulerConfig(num_blocks=blocks, block_size=bs, max_num_seqs=m,
+                                               max_model_len=length)).summary() for m in (16, 32, 64, 256)}
+    tps = {m: s["output_tokens_per_s"] for m, s in sweep.items()}
+    assert sweep[16]["preemptions"] == sweep[32]["preemptions"] == 0, \
+        "6.9 'Twice the ceiling still ran without a single preemption on this length mix'"
+    assert sweep[64]["preemptions"] > 0 and max(tps, key=tps.get) == 64, \
+        "6.9 'four times it was the fastest despite preemptions'"
+    assert tps[256] < tps[64], "6.9 'beyond that the recomputation costs more than the larger batch gains'"
+
+
+def test_6_9_lab_3_the_preemption_knee_lies_between_the_clean_cap_and_the_first_preempting_one():
+    from servebook.lab.recorded import bench_prefix_caches, first_preempting, load_l3, preemption_knee
+
+    doc = load_l3()
+    assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.9 'one NVIDIA H200, vLLM 0.26.0'"
+    loads = bench_prefix_caches(doc["measurements"])
+    assert len(loads) == 4 and max(r["hit_rate"] for r in loads) < 0.01, \
+        "6.9 'Every prompt was distinct (the prefix cache served under 1% of each load)'"
+    m, w = doc["measurements"], doc["measurements"]["workload"]
+    bpr, knee = preemption_knee(w["num_gpu_blocks_override"], w["input_len"], w["output_len"], m["block_size"])
+    assert (bpr, knee) == (m["blocks_per_request"], m["predicted_knee"]), \
+        "6.9 'Each request ends holding N blocks, so about K fit together' (the lab's own prediction)"
+    at = {p["max_num_seqs"]: p for p in m["points"]}
+    lo, hi, top = 48, 128, max(at)
+    assert at[lo]["preemptions"] == 0 < at[hi]["preemptions"] and at[top]["preemptions"] > 0, \
+        "6.9 'At --max-num-seqs 48 nothing was preempted; at 128 the engine preempted N times'"
+    assert first_preempting(m["points"]) == hi and lo < knee < hi, \
+        "6.9 'The first preempting cap and the last clean one bracket the K of the block arithmetic'"
+    assert at[hi]["output_throughput"] / at[lo]["output_throughput"] > 1.2, \
+        "6.9 'Just past it, preemptions bought throughput' (128 produced Nx the output throughput of 48)"
+    assert at[top]["output_throughput"] / at[hi]["output_throughput"] < 0.95, \
+        "6.9 'at twice that cap the recomputation cost more than the larger batch gained'"
