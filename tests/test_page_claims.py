@@ -504,3 +504,35 @@ def test_6_9_lab_3_the_preemption_knee_lies_between_the_clean_cap_and_the_first_
         "6.9 'Just past it, preemptions bought throughput' (128 produced Nx the output throughput of 48)"
     assert at[top]["output_throughput"] / at[hi]["output_throughput"] < 0.95, \
         "6.9 'at twice that cap the recomputation cost more than the larger batch gained'"
+
+
+# ---- 6.10 --max-num-batched-tokens ----------------------------------------------------------------------
+
+def test_6_10_with_the_cap_reached_the_leftover_budget_admits_nobody():
+    n, cap = 40, 32
+    steps = simulate([RequestSpec(f"r{i}", 16, 5) for i in range(n)],
+                     SchedulerConfig(num_blocks=1000, block_size=16, max_num_seqs=cap, max_num_batched_tokens=8192),
+                     record_batches=True).steps
+    assert steps.scheduled_tokens[1:5] == [cap] * 4, \
+        "6.10 'after the first step, each step schedules 32 tokens — one per running sequence'"
+    assert steps.prefill_tokens[1:5] == [0] * 4, "6.10 'tokens of budget go unused' (no prefill chunk is scheduled)"
+    assert steps.waiting[1:5] == [n - cap] * 4, "6.10 'while 8 requests wait'"
+
+
+def test_6_10_the_serve_default_is_8192_and_its_prefill_takes_over_3_5_times_2048s(qwen32_h200):
+    from servebook import vllm_batch_defaults
+
+    h200 = get_gpu("H200")
+    assert vllm_batch_defaults(h200.memory_bytes, h200.name)[0] == 8192, \
+        "6.10's bullets label the 8,192-token rows with the `vllm serve` default on an H200"
+    assert (qwen32_h200.vllm_version, qwen32_h200.gpu_name) == ("0.26.0", "NVIDIA H200"), \
+        "6.10 'On one NVIDIA H200 (vLLM 0.26.0) a Qwen3-32B prefill'"
+    assert qwen32_h200.prefill_s[8192] > 3.5 * qwen32_h200.prefill_s[2048], \
+        "6.10 'Step length. Prefill is compute-bound, so a step's time grows with its prefill tokens'"
+
+
+def test_6_10_about_as_many_requests_run_with_either_budget():
+    runs = {t: make_plan("gemma-4-31b", gpu="H200", max_model_len=16384, max_num_batched_tokens=t).running.max_running
+            for t in (2048, 8192)}
+    assert abs(runs[2048] - runs[8192]) <= 0.05 * runs[8192], \
+        f"6.10 'so about as many full-length requests run at once either way': {runs}"
