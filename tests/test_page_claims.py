@@ -536,3 +536,89 @@ def test_6_10_about_as_many_requests_run_with_either_budget():
             for t in (2048, 8192)}
     assert abs(runs[2048] - runs[8192]) <= 0.05 * runs[8192], \
         f"6.10 'so about as many full-length requests run at once either way': {runs}"
+
+
+# ---- 6.11 Chunked prefill -------------------------------------------------------------------------------
+
+def test_chunked_prefill_is_one_step_per_chunk_each_attending_to_the_ones_before():
+    from servebook.perf.chunk_budget import chunked_prefill_s, mixed_step_s
+
+    spec, (coeffs, _) = load_model_spec("qwen3-32b"), _h200_coefficients()
+    kw = dict(decode_batch=4, decode_context_tokens=1000)
+    whole = mixed_step_s(spec, "H200", coeffs, prefill_tokens=3000, **kw)
+    assert chunked_prefill_s(spec, "H200", coeffs, prompt_tokens=3000, chunk_tokens=4096, **kw) == whole
+    two = (mixed_step_s(spec, "H200", coeffs, prefill_tokens=2000, **kw)
+           + mixed_step_s(spec, "H200", coeffs, prefill_tokens=1000, prior_tokens=2000, **kw))
+    assert chunked_prefill_s(spec, "H200", coeffs, prompt_tokens=3000, chunk_tokens=2000, **kw) == pytest.approx(two)
+    from servebook.errors import ServebookError
+
+    with pytest.raises(ServebookError, match="chunk_tokens 0"):
+        chunked_prefill_s(spec, "H200", coeffs, prompt_tokens=3000, chunk_tokens=0)
+
+
+def _h200_coefficients():
+    from servebook import calibrated_coefficients
+
+    return calibrated_coefficients("H200")
+
+
+def test_6_11_a_50_ms_step_holds_well_under_1000_prompt_tokens(qwen32_h200):
+    assert (qwen32_h200.vllm_version, qwen32_h200.gpu_name) == ("0.26.0", "NVIDIA H200"), \
+        "6.11 'Recorded on one NVIDIA H200, vLLM 0.26.0' (the H200 above)"
+    rate = 2048 / qwen32_h200.prefill_s[2048]
+    assert rate * 0.050 < 1000, \
+        "6.11 'even an otherwise empty 50 ms step holds only about N prompt tokens of a 32B dense model'"
+
+
+def test_6_11_the_recommended_budget_keeps_the_target_and_the_default_trades_latency_for_ttft():
+    from servebook import vllm_batch_defaults
+    from servebook.perf.chunk_budget import chunked_prefill_s, mixed_step_s, recommend_max_num_batched_tokens
+
+    spec, (coeffs, _) = load_model_spec("qwen3-32b"), _h200_coefficients()
+    seqs, ctx, target = 32, 8000, 0.050
+    r = recommend_max_num_batched_tokens(spec, "H200", coeffs, target_step_s=target, max_num_seqs=seqs,
+                                         decode_context_tokens=ctx)
+    assert r["recommended_step_s"] <= target, "6.11 step 3: 'whose full step it predicts at N ms' (within the target)"
+    big = vllm_batch_defaults(get_gpu("H200").memory_bytes, "H200")[0] - seqs
+    ttft = {c: chunked_prefill_s(spec, "H200", coeffs, prompt_tokens=15000, chunk_tokens=c, decode_batch=seqs,
+                                 decode_context_tokens=ctx) for c in (r["recommended"] - seqs, big)}
+    assert ttft[big] < ttft[r["recommended"] - seqs], \
+        "6.11 'with the vllm serve default budget ... it takes X s' (less than with the small budget)"
+    step_big = mixed_step_s(spec, "H200", coeffs, prefill_tokens=big, decode_batch=seqs, decode_context_tokens=ctx)
+    assert step_big > 5 * target, "6.11 '... but each of those steps lasts N ms for every decoding user'"
+
+
+@pytest.fixture(scope="module")
+def lab5():
+    from servebook.lab.recorded import l5_table, load_recorded, recorded_path
+
+    doc = load_recorded(recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
+    rows = l5_table(doc["measurements"])
+    on = {r["budget"]: r for r in rows if r["chunking"] == "on"}
+    off = next(r for r in rows if r["chunking"] == "off")
+    return doc, rows, on, off
+
+
+def test_6_11_lab_5_the_model_got_the_unchunked_gap_and_the_large_budgets_right(lab5):
+    doc, rows, on, off = lab5
+    assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.11 'one NVIDIA H200, vLLM 0.26.0'"
+    assert all(r["steps predicted"] == r["steps engine"] for r in rows), \
+        "6.11 Lab 5: every run took the number of steps the model predicts"
+    assert 0.9 < off["worst ITL ms measured"] / off["worst ITL ms predicted"] < 1.1, \
+        "6.11 'With chunking off every stream saw one gap of N ms ..., as the model predicts'"
+    hi = max(on)
+    assert abs(on[hi]["step ms engine"] / on[hi]["step ms predicted"] - 1) < 0.15, \
+        "6.11 'it got the unchunked gap and the large budgets right'"
+
+
+def test_6_11_lab_5_small_chunks_cost_more_and_the_recommended_budget_missed(lab5):
+    doc, _, on, _ = lab5
+    m = doc["measurements"]
+    lo, hi, rec = min(on), max(on), m["prediction"]["recommendation"]["recommended"]
+    assert on[lo]["step ms engine"] / on[lo]["step ms predicted"] > 1.5, \
+        "6.11 'Smaller budgets were dearer than the model says'"
+    assert m["prediction"]["knee"] == rec < m["measured_knee"] == hi, \
+        "6.11 Lab 5: the measured knee moved up from the recommended budget to the largest one"
+    target_ms = m["prediction"]["recommendation"]["target_step_s"] * 1e3
+    assert on[rec]["worst ITL ms measured"] > 2 * target_ms, \
+        "6.11 'the budget the procedure above gives ... showed a worst gap of N ms against a target of T ms, X× over'"
