@@ -622,3 +622,57 @@ def test_6_11_lab_5_small_chunks_cost_more_and_the_recommended_budget_missed(lab
     target_ms = m["prediction"]["recommendation"]["target_step_s"] * 1e3
     assert on[rec]["worst ITL ms measured"] > 2 * target_ms, \
         "6.11 'the budget the procedure above gives ... showed a worst gap of N ms against a target of T ms, X× over'"
+
+
+# ---- 6.12 Prefix caching --------------------------------------------------------------------------------
+
+def _rag(prefix: int):
+    """6.12's simulation: 200 retrieval-style requests sharing a ``prefix``-token prefix, caching on and off."""
+    rag = synthetic_workload(200, arrival_rate_per_s=5.0, lengths="alpaca-like", max_model_len=4096,
+                             shared_prefix_tokens=prefix, seed=2)
+    kw = dict(num_blocks=4096, block_size=16, max_num_seqs=64, max_model_len=4096)
+    return rag, simulate(rag, SchedulerConfig(enable_prefix_caching=True, **kw))
+
+
+def test_6_12_every_request_after_the_first_reuses_the_shared_prefix():
+    rag, on = _rag(1024)
+    hits = [m.prefix_hit_tokens for m in on.requests]
+    assert hits[0] == 0 and set(hits[1:]) == {1024}, \
+        "6.12 'A new request ... reuses every leading full block whose hash is already in the pool'"
+    assert sum(on.steps.prefill_tokens) == sum(r.prompt_tokens for r in rag) - 1024 * (len(rag) - 1), \
+        "6.12 'With caching the engine computes N prompt tokens instead of M' (all but the reused prefixes)"
+
+
+def test_6_12_a_partly_filled_last_block_is_never_shared():
+    _, on = _rag(1030)
+    assert {m.prefix_hit_tokens for m in on.requests[1:]} == {1024}, \
+        "6.12 'a 1,030-token common prefix gives hits on 1,024 tokens' (64 whole 16-token blocks)"
+
+
+@pytest.fixture(scope="module")
+def lab6():
+    from servebook.lab.recorded import l6_offline_table, l6_serving_table, load_recorded, recorded_path
+
+    doc = load_recorded(recorded_path("l6_prefix_caching"), lab="l6_prefix_caching")
+    serve = l6_serving_table(doc["measurements"])
+    return (doc, {r["workload"]: r for r in serve if r["caching"] == "on"},
+            {r["workload"]: r for r in serve if r["caching"] == "off"},
+            {r["order"]: r for r in l6_offline_table(doc["measurements"])})
+
+
+def test_6_12_lab_6_counters_equal_the_block_rule_and_caching_pays_over_4x(lab6):
+    doc, on, off, _ = lab6
+    assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.12 'one NVIDIA H200, vLLM 0.26.0'"
+    predicted = doc["measurements"]["predicted"]
+    assert all(on[n]["hit tokens"] == predicted[n]["hit_tokens"] and on[n]["queried tokens"] == predicted[n]["query_tokens"]
+               for n in on), "6.12 'the engine's hit and query counters equalled the block rule's prediction token for token'"
+    assert min(off[n]["mean TTFT ms"] / on[n]["mean TTFT ms"] for n in on) > 4, \
+        "6.12 'With caching on the mean TTFT was X ms, with it off Y ms' (over 4x apart)"
+    assert min(on[n]["output tok/s"] / off[n]["output tok/s"] for n in on) > 4, \
+        "6.12 'output throughput was Nx higher'"
+
+
+def test_6_12_lab_6_grouping_by_prefix_hits_more_and_runs_faster_than_shuffling(lab6):
+    grouped, shuffled = lab6[3]["grouped"], lab6[3]["shuffled"]
+    assert grouped["hit rate"] > shuffled["hit rate"], "6.12 'hit X of its prompt tokens when grouped by prefix and Y when shuffled'"
+    assert shuffled["wall s"] > grouped["wall s"], "6.12 '... and took Nx as long shuffled'"
