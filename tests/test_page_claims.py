@@ -676,3 +676,41 @@ def test_6_12_lab_6_grouping_by_prefix_hits_more_and_runs_faster_than_shuffling(
     grouped, shuffled = lab6[3]["grouped"], lab6[3]["shuffled"]
     assert grouped["hit rate"] > shuffled["hit rate"], "6.12 'hit X of its prompt tokens when grouped by prefix and Y when shuffled'"
     assert shuffled["wall s"] > grouped["wall s"], "6.12 '... and took Nx as long shuffled'"
+
+
+# ---- 6.13 Async scheduling and CUDA graphs --------------------------------------------------------------
+
+def test_6_13_async_scheduling_is_the_cuda_default_and_never_on_cpu():
+    from servebook import default_async_scheduling
+
+    assert default_async_scheduling("cuda") is True and default_async_scheduling("cpu") is False, \
+        "6.13 'the engine turns it on at start-up ... The CPU platform always runs without it'"
+
+
+def test_6_13_the_recorded_mistral_start_up_captured_graphs_on_the_v2_runner():
+    import re
+
+    from servebook.records import recorded_startup
+
+    start = recorded_startup("h200-vllm0.26.0-2026-11-30-b.json", "mistral-7b-v0.1--graphs")
+    assert (start.vllm_version, start.gpu_name) == ("0.26.0", "NVIDIA H200"), "6.13 'On one NVIDIA H200 (vLLM 0.26.0)'"
+    assert "enforce_eager" not in start.engine_args, "6.13 'Mistral 7B logged Graph capturing finished in' (not eager)"
+    took = float(re.search(r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB", start.text).group(1))
+    assert abs(start.log.cudagraph_gib - took) < 0.01, "6.13 'using N GiB': the parsed graph memory is the capture line's"
+    assert start.log.model_runner == "v2" and "Using V2 Model Runner" in start.text, \
+        "6.13 'the V2 runner — the one this dense model ran on (Using V2 Model Runner in its log)'"
+
+
+def test_6_13_async_scheduling_doubles_the_in_flight_tokens_and_barely_moves_what_runs():
+    from servebook import capacity, running_concurrency
+
+    p = make_plan("gemma-4-31b", gpu="H200", max_model_len=16384)
+    on, off = (capacity(p.spec, p.available_kv_bytes, max_model_len=16384,
+                        max_num_batched_tokens=p.max_num_batched_tokens, async_scheduling=a) for a in (True, False))
+    assert p.capacity.max_concurrency == on.max_concurrency, "6.13's plan (CUDA) runs with async scheduling on"
+    assert on.in_flight_tokens == 2 * off.in_flight_tokens, "6.13 'two steps' tokens can be in flight at once'"
+    assert off.max_concurrency > on.max_concurrency, \
+        "6.13 'it logs X requests with async scheduling and Y without' (more without)"
+    run_on, run_off = (running_concurrency(c, 16384).max_running for c in (on, off))
+    assert run_on > 4 * off.max_concurrency and run_off - run_on <= 0.02 * run_on, \
+        "6.13 'What runs hardly moves: N full-length requests run at once with async scheduling and M without'"
