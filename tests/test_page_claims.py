@@ -31,12 +31,13 @@ def qwen32_h200() -> StepTimes:
 def test_step_times_reads_decode_and_prefill_and_names_a_missing_file(tmp_path):
     (tmp_path / "step_timing").mkdir()
     (tmp_path / "step_timing" / "m.json").write_text(
-        '{"vllm_version": "0.26.0", "gpu": {"name": "NVIDIA H200"}, "cases": [{"result": {'
+        '{"vllm_version": "0.26.0", "gpu": {"name": "NVIDIA H200", "count": 2}, "cases": ['
+        '{"engine_args": {"tensor_parallel_size": 2}, "result": {'
         '"decode": [{"batch": 4, "prompt_tokens": 512, "step_s": 0.02}],'
         '"prefill": [{"tokens": 2048, "time_s": 0.1}]}}]}')
     t = step_times("m", directory=tmp_path)
-    assert (t.decode_s, t.prefill_s, t.vllm_version, t.gpu_name) == (
-        {(4, 512): 0.02}, {2048: 0.1}, "0.26.0", "NVIDIA H200")
+    assert (t.decode_s, t.prefill_s, t.vllm_version, t.gpu_name, t.gpu_count, t.engine_args) == (
+        {(4, 512): 0.02}, {2048: 0.1}, "0.26.0", "NVIDIA H200", 2, {"tensor_parallel_size": 2})
     with pytest.raises(FileNotFoundError, match=r"step_timing/absent\.json"):
         step_times("absent", directory=tmp_path)
 
@@ -714,3 +715,77 @@ def test_6_13_async_scheduling_doubles_the_in_flight_tokens_and_barely_moves_wha
     run_on, run_off = (running_concurrency(c, 16384).max_running for c in (on, off))
     assert run_on > 4 * off.max_concurrency and run_off - run_on <= 0.02 * run_on, \
         "6.13 'What runs hardly moves: N full-length requests run at once with async scheduling and M without'"
+
+
+# ---- 6.14 Parallelism -----------------------------------------------------------------------------------
+
+def test_6_14_kv_heads_divide_up_to_tp4_and_replicate_at_tp8():
+    g31 = load_model_spec("gemma-4-31b")
+    kib = {tp: kv_cache_layout(g31, tp=tp).kv_bytes_per_token for tp in (1, 2, 4, 8)}
+    assert kib[2] == kib[1] / 2 and kib[4] == kib[1] / 4, "6.14 'Up to TP 4 every layer's KV heads divide evenly'"
+    assert kib[8] > kib[1] / 8, "6.14 'At TP 8 ... each head is stored on two GPUs: N KiB, not the M KiB'"
+
+
+def test_6_14_tp3_on_gemma4_31b_is_refused():
+    from servebook.errors import ServebookError
+    from servebook.perf.work import check_tp
+
+    with pytest.raises(ServebookError):
+        check_tp(load_model_spec("gemma-4-31b"), 3)  # the page quotes this message
+
+
+def test_6_14_the_all_reduce_term_was_calibrated_on_two_h200s_over_nvlink():
+    from servebook import calibrated_coefficients
+
+    coeffs, _ = calibrated_coefficients("H200")
+    assert coeffs.tp_calibrated, "6.14 'The all-reduce term of servebook's step model was calibrated on two H200 GPUs'"
+    for model in ("llama-3.1-8b", "qwen3-32b"):
+        t2 = step_times(f"{model}-tp2")
+        assert (t2.gpu_count, t2.engine_args["tensor_parallel_size"], t2.vllm_version) == (2, 2, "0.26.0"), \
+            f"6.14 'Decode steps at 2,048 tokens of context' on two GPUs at TP 2, vLLM 0.26.0 ({model})"
+
+
+@pytest.fixture(scope="module")
+def lab9():
+    from servebook.lab.parallel_report import capacity_rows, load_l9, saturation_rows, single_stream_rows
+
+    dense, moe = load_l9("qwen3-32b"), load_l9("qwen3-30b-a3b")
+    q32, q30 = load_model_spec("qwen3-32b"), load_model_spec("qwen3-30b-a3b")
+    by_config = lambda rows: {r["config"]: r for r in rows}  # noqa: E731
+    return dict(docs=(dense["doc"], moe["doc"]), specs=(q32, q30), cap_d=by_config(capacity_rows(dense, q32)),
+                one_d=by_config(single_stream_rows(dense, q32)), one_m=by_config(single_stream_rows(moe, q30)),
+                sat_d=by_config(saturation_rows(dense)), sat_m=by_config(saturation_rows(moe)))
+
+
+def test_6_14_lab_9_on_two_h200s_the_kv_arithmetic_held_exactly(lab9):
+    dense, moe = lab9["docs"]
+    assert dense["vllm_version"] == moe["vllm_version"] == "0.26.0" and dense["gpu"]["count"] == 2, \
+        "6.14 'Measured on two H200s (vLLM 0.26.0)'"
+    assert all(abs(r["calculator on logged GiB"] / r["KV tokens logged"] - 1) < 1e-4 for r in lab9["cap_d"].values()), \
+        "6.14 'The KV arithmetic held exactly: ... the calculator's count from each logged budget'"
+
+
+def test_6_14_lab_9_tp_speeds_one_dense_request_not_one_moe_request(lab9):
+    one_d, one_m = lab9["one_d"], lab9["one_m"]
+    assert one_d["TP=1"]["TPOT ms"] / one_d["TP=2"]["TPOT ms"] > 1.5, \
+        "6.14 'One request alone decoded at X ms per token on one GPU and Y ms at TP=2'"
+    assert abs(one_m["TP=1"]["TPOT ms"] / one_m["TP=2"]["TPOT ms"] - 1) < 0.1, \
+        "6.14 'Qwen3-30B-A3B's token hardly moved'"
+    bw = get_gpu("H200").hbm_bandwidth_bytes_per_s
+    q32, q30 = lab9["specs"]
+    read_m, read_d = (s.params.active * 2 / bw * 1e3 for s in (q30, q32))
+    assert read_m < 0.5 * one_m["TP=1"]["TPOT ms"], \
+        "6.14 'reading its active parameters takes N ms at the H200's peak bandwidth, so most of that step is fixed'"
+    assert read_d > 0.6 * one_d["TP=1"]["TPOT ms"], "6.14 'while the dense model's weights take N ms of its M ms'"
+
+
+def test_6_14_lab_9_tp2_level_with_two_replicas_at_the_engines_behind_one_api_server(lab9):
+    sat = lab9["sat_d"]
+    assert sat["TP=2"]["client/engine"] > 2, \
+        "6.14 'the TP=2 engine made its tokens Nx faster than its one API server delivered them'"
+    assert sat["DP=2"]["client out tok/s"] > 1.8 * sat["TP=2"]["client out tok/s"], \
+        "6.14 'two replicas delivered X tokens/s to their clients and TP=2 only Y'"
+    assert abs(sat["TP=2"]["engine decode tok/s"] / sat["DP=2"]["engine decode tok/s"] - 1) < 0.1, \
+        "6.14 'at equal total concurrency TP=2's bigger batch per engine paid for its all-reduces' (level, within 10%)"
+    assert sat["DP=2"]["prefix hits % (log)"] < sat["TP=2"]["prefix hits % (log)"], \
+        "6.14 'The replicas also hit the prefix cache less'"

@@ -109,7 +109,8 @@ class StepTimes:
     sequences whose prompts held ``prompt_tokens`` tokens; ``prefill_s[tokens]`` the recorded
     prefill of one prompt of ``tokens`` tokens, in seconds; ``decode_rows`` and ``prefill_rows``
     the recorded rows themselves (what :mod:`servebook.figures` plots). ``vllm_version``,
-    ``gpu_name`` and ``record`` (the whole document) say where and how it was measured.
+    ``gpu_name``, ``gpu_count``, ``engine_args`` and ``record`` (the whole document) say where and
+    how it was measured.
     """
 
     def __init__(self, record: dict, where: str = "record"):
@@ -119,6 +120,8 @@ class StepTimes:
         self.record = record
         self.vllm_version: str = record["vllm_version"]
         self.gpu_name: str = record["gpu"]["name"]
+        self.gpu_count: int = record["gpu"].get("count", 1)
+        self.engine_args: dict = record["cases"][0]["engine_args"]
         self.decode_rows: list[dict] = result["decode"]
         self.prefill_rows: list[dict] = result["prefill"]
         self.decode_s = {(r["batch"], r["prompt_tokens"]): r["step_s"] for r in self.decode_rows}
