@@ -789,3 +789,42 @@ def test_6_14_lab_9_tp2_level_with_two_replicas_at_the_engines_behind_one_api_se
         "6.14 'at equal total concurrency TP=2's bigger batch per engine paid for its all-reduces' (level, within 10%)"
     assert sat["DP=2"]["prefix hits % (log)"] < sat["TP=2"]["prefix hits % (log)"], \
         "6.14 'The replicas also hit the prefix cache less'"
+
+
+# ---- 6.15 MoE vs dense ----------------------------------------------------------------------------------
+
+def test_6_15_one_sequence_reads_top_k_experts_per_layer():
+    from servebook.perf import expected_distinct_experts
+
+    moe = load_model_spec("gemma-4-26b-a4b")
+    assert float(expected_distinct_experts(moe, 1)) == moe.moe.experts_per_token, \
+        "6.15 'One sequence reads top-k experts per layer'"
+
+
+def test_6_15_batches_stop_at_what_the_dense_model_runs_at_4k():
+    plans = {k: make_plan(m, gpu="H200", max_model_len=4096) for k, m in (("m", "gemma-4-26b-a4b"), ("d", "gemma-4-31b"))}
+    top = plans["d"].running.max_running
+    assert 16 < top, "6.15's table: the largest batch (what the dense model runs at once) lies beyond the 16 column"
+    assert top < plans["m"].running.max_running, "6.15 'Under load the MoE also runs bigger batches'"
+    assert top > 2 * plans["d"].capacity.max_concurrency, \
+        "6.15 'The start-up log's admission bound is lower ... because it books every sliding-window layer at the full context'"
+
+
+def test_6_15_the_recorded_moe_lead_is_large_at_batch_1_and_narrows():
+    tm, td = step_times("qwen3-30b-a3b"), step_times("qwen3-32b")
+    assert tm.gpu_count == 1 and tm.vllm_version == td.vllm_version, \
+        "6.15 'on one H200 with vLLM 0.26.0': both recordings on one GPU, one release"
+    ratio = {b: td.decode_s[(b, 2048)] / tm.decode_s[(b, 2048)] for b in (1, 64)}
+    assert ratio[1] > ratio[64] > 1, \
+        "6.15 'Same shape: a large lead at batch 1 that narrows as each step touches more experts'"
+
+
+def test_6_15_lab_9_expert_parallelism_emitted_more_than_plain_tp2():
+    from servebook.lab.parallel_report import load_l9, saturation_rows
+
+    l9 = load_l9("qwen3-30b-a3b")
+    assert l9["doc"]["vllm_version"] == "0.26.0" and l9["doc"]["gpu"]["count"] == 2, \
+        "6.15 'Recorded on two H200s (vLLM 0.26.0)'"
+    sat = {r["config"]: r for r in saturation_rows(l9)}
+    assert sat["TP=2+EP"]["engine decode tok/s"] > sat["TP=2"]["engine decode tok/s"], \
+        "6.15 'the expert-parallel engine emitted N tokens/s against M for plain TP=2'"
