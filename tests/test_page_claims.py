@@ -828,3 +828,127 @@ def test_6_15_lab_9_expert_parallelism_emitted_more_than_plain_tp2():
     sat = {r["config"]: r for r in saturation_rows(l9)}
     assert sat["TP=2+EP"]["engine decode tok/s"] > sat["TP=2"]["engine decode tok/s"], \
         "6.15 'the expert-parallel engine emitted N tokens/s against M for plain TP=2'"
+
+
+# ---- 6.16 Speculative decoding --------------------------------------------------------------------------
+K_6_16, ALPHA_6_16, CTX_6_16 = 4, 0.7, 1024  # 6.16's table: k = 4, alpha = 70%, 1,024 tokens of context
+
+
+def _spec_step(model: str, batch: int):
+    from servebook import calibrated_coefficients, gpu_numbers
+    from servebook.perf.speculative import speculative_step
+
+    gpu = gpu_numbers("H200")
+    return speculative_step(load_model_spec(model), gpu, calibrated_coefficients(gpu.name)[0], k=K_6_16,
+                            alpha=ALPHA_6_16, batch=batch, context_tokens=CTX_6_16)
+
+
+def test_6_16_expected_tokens_per_step_is_the_geometric_sum():
+    from servebook.perf.speculative import expected_tokens_per_step
+
+    assert abs(expected_tokens_per_step(4, 0.7) - (1 + 0.7 + 0.7**2 + 0.7**3 + 0.7**4)) < 1e-12, \
+        "6.16 'the expected tokens per step are 1 + a + a^2 + ... + a^k'"
+
+
+def test_6_16_the_dense_verify_pass_is_free_at_batch_1_and_not_at_64():
+    s1, s64 = _spec_step("gemma-4-31b", 1), _spec_step("gemma-4-31b", 64)
+    assert s1.verify_s / s1.plain_step_s < 1.01 < s64.verify_s / s64.plain_step_s, \
+        "6.16 'The dense model's verify pass is free at small batches and not at 64'"
+
+
+def test_6_16_the_moe_pays_most_at_small_batches():
+    cost = {b: (s := _spec_step("gemma-4-26b-a4b", b)).verify_s / s.plain_step_s for b in (1, 64)}
+    assert cost[1] > cost[64], \
+        "6.16 'The MoE pays most at small batches ... At 64 sequences ... verification is cheap again'"
+
+
+@pytest.fixture(scope="module")
+def lab7():
+    from servebook.lab.recorded import load_recorded, recorded_path
+
+    return load_recorded(recorded_path("l7_speculative"), lab="l7_speculative")
+
+
+def test_6_16_lab_7_acceptance_was_real_and_greedy_output_unchanged(lab7):
+    m = lab7["measurements"]
+    assert (lab7["vllm_version"], lab7["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
+        "6.16 'on one NVIDIA H200 with vLLM 0.26.0'"
+    assert lab7["weights"] == "real" and not m["hub_pair"], "6.16 'served a pair it trained on the spot'"
+    first = [a["first_position_acceptance"] for n, a in m["acceptance"].items() if n.startswith("draft k=")]
+    assert min(first) > 0.5, "6.16 'the draft's first token was accepted X-Y of the time' (more often than not)"
+    assert all(v == 1.0 for v in m["identical_to_baseline"].values()), "6.16 'and greedy output was unchanged'"
+
+
+def test_6_16_lab_7_every_config_was_slower_than_plain_decoding_where_the_model_predicted_faster(lab7):
+    from servebook.lab.speculative_report import speedup_rows
+
+    rows = speedup_rows(lab7["measurements"])
+    assert {1, 64} <= {r["batch"] for r in rows}, "6.16 'at batch 1 as at 64'"
+    assert max(r["measured speedup"] for r in rows) < 1 < min(r["predicted speedup"] for r in rows), \
+        "6.16 'every config it measured ... decoded at X-Y× the speed of plain decoding, ... where the step model predicted' > 1"
+
+
+def test_6_16_lab_7_the_small_targets_step_is_fixed_cost_the_31bs_is_the_weight_read(lab7):
+    from servebook.lab.speculative_report import step_rows, weight_read_ms
+
+    m = lab7["measurements"]
+    steps = {(r["config"], r["batch"]): r for r in step_rows(m["engines"], m["workload"]["max_tokens"])}
+    bw = get_gpu("H200").hbm_bandwidth_bytes_per_s
+    target = load_model_spec(m["pair"]["configs"]["target"], name="target")
+    plain_ms = steps[("baseline", 1)]["ms per step"]
+    assert weight_read_ms(target.weight_bytes, bw) < 0.05 * plain_ms, \
+        "6.16 'streaming its N MB of weights is X ms of it: Y% is fixed per-step cost'"
+    d2, ng = steps[("draft k=2", 1)], steps[("ngram k=3", 1)]
+    assert d2["steps counted"] == "exact" and d2["step / plain step"] > 2 and ng["step / plain step"] > 1.3, \
+        "6.16 Lab 7: a speculative step costs well over a plain one on that target (each draft pass adds to it)"
+    s1 = _spec_step("gemma-4-31b", 1)
+    big_pct = weight_read_ms(load_model_spec("gemma-4-31b").weight_bytes, bw) / (s1.plain_step_s * 1e3) * 100
+    assert big_pct > 50 and s1.speedup > 1.5, \
+        "6.16 'For Gemma 4 31B at batch 1 the weight read is N% of the modelled step, and the model predicts X×'"
+
+
+# ---- 6.17 Draft models ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def draft_70b_8b():
+    """6.17's table: Llama 3.1 70B on two H200s (TP 2) drafted by Llama 3.1 8B, k = 4, 1,024 tokens, alpha 80%."""
+    from servebook import calibrated_coefficients, gpu_numbers
+    from servebook.perf.speculative import Drafter, break_even_acceptance, speculative_step
+
+    gpu = gpu_numbers("H200")
+    coeffs = calibrated_coefficients(gpu.name)[0]
+    target, small = load_model_spec("llama-3.1-70b"), load_model_spec("llama-3.1-8b")
+    drafter = Drafter("draft_model", spec=small, tp=2)
+    kw = dict(k=4, context_tokens=1024, tp=2)
+    return {b: dict(step=speculative_step(target, gpu, coeffs, alpha=0.8, batch=b, drafter=drafter, **kw),
+                    be=break_even_acceptance(target, gpu, coeffs, batch=b, drafter=drafter, **kw),
+                    be_free=break_even_acceptance(target, gpu, coeffs, batch=b, **kw)) for b in (1, 16, 64)}
+
+
+def test_6_17_target_and_draft_share_a_vocabulary():
+    assert load_model_spec("llama-3.1-70b").vocab_size == load_model_spec("llama-3.1-8b").vocab_size, \
+        "6.17 '(same tokenizer, N-token vocabulary)': vLLM 0.27.1 requires equal vocabularies"
+
+
+def test_6_17_a_draft_model_is_not_free_and_must_be_accepted_more_often_as_the_batch_grows(draft_70b_8b):
+    for b, r in draft_70b_8b.items():
+        assert r["step"].draft_s >= 0.5 * r["step"].plain_step_s, \
+            f"6.17 'The k draft passes take half of one plain step of the target or more' (batch {b})"
+        assert r["be"] is not None and r["be_free"] < r["be"], \
+            f"6.17's table: the break-even with the 8B drafter is above the free drafter's (batch {b})"
+    be = [draft_70b_8b[b]["be"] for b in (1, 16, 64)]
+    assert be == sorted(be), "6.17 '... and more often as the batch grows'"
+
+
+def test_6_17_the_printed_command_is_the_tp2_plan_with_known_speculative_fields():
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    claims = tomllib.loads(VLLM_CLAIMS.read_text())
+    entry = next(e for e in claims["plan_command"] if e["id"] == "llama70b-h200-tp2")
+    plan = make_plan(entry["config"], **{k: v for k, v in entry.items() if k not in ("id", "section", "config")})
+    assert plan.tp == 2, "6.17 'Llama 3.1 70B on two H200s (TP 2)'"
+    known = {d["field"] for d in claims["default"] if d["config"] == "SpeculativeConfig"}
+    assert {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size"} <= known, \
+        "6.17's command uses SpeculativeConfig fields the drift test knows"
