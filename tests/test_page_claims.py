@@ -10,6 +10,8 @@ change or a new recording that moves a number past what a sentence states fails 
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from servebook import make_plan
@@ -952,3 +954,49 @@ def test_6_17_the_printed_command_is_the_tp2_plan_with_known_speculative_fields(
     known = {d["field"] for d in claims["default"] if d["config"] == "SpeculativeConfig"}
     assert {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size"} <= known, \
         "6.17's command uses SpeculativeConfig fields the drift test knows"
+
+
+# ---- 6.18 MTP and other methods -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runtime_claims():
+    """vllm_claims.toml's runtime defaults (each checked against vLLM 0.27.1's source by the drift test)."""
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    return {e["name"]: e for e in tomllib.loads(VLLM_CLAIMS.read_text())["runtime_default"]}
+
+
+def test_6_18_the_method_table_names_methods_vllm_accepts(runtime_claims):
+    methods = runtime_claims["speculative methods"]["source_literal"]
+    for name in ("ngram", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class"):
+        assert f'"{name}"' in methods, f"6.18's method table lists `{name}`; the drift-checked literal lacks it"
+    assert '"eagle", "eagle3"' in runtime_claims["EAGLE-family methods"]["source_literal"], \
+        "6.18's table: `eagle`, `eagle3` (the EAGLE family)"
+
+
+def test_6_18_the_ngram_window_default_is_prompt_lookup_min(runtime_claims):
+    assert runtime_claims["ngram lookup window default"]["source_literal"] == "self.prompt_lookup_min = 5", \
+        "6.18 '`prompt_lookup_min`/`prompt_lookup_max` (both 5 if unset)'"
+
+
+def test_6_18_deepseek_v3_carries_mtp_layers_and_gemma4_does_not():
+    assert load_model_spec("deepseek-v3").raw["num_nextn_predict_layers"] >= 1, \
+        "6.18 'DeepSeek-V3's config.json declares N MTP layer'"
+    for gemma in ("gemma-4-31b", "gemma-4-26b-a4b"):
+        assert "nextn" not in json.dumps(load_model_spec(gemma).raw), \
+            f"6.18: the {gemma} config declares no MTP layers"
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_6_18_a_free_drafter_breaks_even_at_lower_acceptance_than_an_8b_one(batch):
+    from servebook import calibrated_coefficients, gpu_numbers
+    from servebook.perf.speculative import Drafter, break_even_acceptance
+
+    gpu = gpu_numbers("H200")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    target, kw = load_model_spec("gemma-4-31b"), dict(k=4, batch=batch, context_tokens=1024)
+    free = break_even_acceptance(target, gpu, coeffs, **kw)
+    paid = break_even_acceptance(target, gpu, coeffs, drafter=Drafter("draft_model", spec=load_model_spec("llama-3.1-8b")), **kw)
+    assert free < paid, "6.18 'Why drafting cost decides': the free drafter's break-even is lower"
