@@ -1000,3 +1000,44 @@ def test_6_18_a_free_drafter_breaks_even_at_lower_acceptance_than_an_8b_one(batc
     free = break_even_acceptance(target, gpu, coeffs, **kw)
     paid = break_even_acceptance(target, gpu, coeffs, drafter=Drafter("draft_model", spec=load_model_spec("llama-3.1-8b")), **kw)
     assert free < paid, "6.18 'Why drafting cost decides': the free drafter's break-even is lower"
+
+
+# ---- 6.19 Tuning acceptance -----------------------------------------------------------------------------
+
+def test_6_19_the_fourth_draft_survives_24_percent_of_steps():
+    assert round(0.7**4, 2) == 0.24, "6.19 'the 24% is the unconditional probability' (0.7^4)"
+
+
+def test_6_19_the_mean_acceptance_length_gives_alpha_back():
+    from servebook.perf.speculative import acceptance_for_tokens_per_step, expected_tokens_per_step
+
+    assert abs(acceptance_for_tokens_per_step(expected_tokens_per_step(4, 0.7), 4) - 0.7) < 1e-9, \
+        "6.19 'solving (1 - a^(k+1)) / (1 - a) = N gives a back (70%)'"
+
+
+def test_6_19_the_hand_written_schedule_follows_the_rules_but_not_with_comments():
+    from servebook.errors import ServebookError
+    from servebook.perf.speculative import validate_schedule
+
+    validate_schedule([[1, 8, 5], [9, 24, 3], [25, 64, 1], [65, 512, 0]])  # "follows the rules"
+    with pytest.raises(json.JSONDecodeError):  # "comments are not JSON"
+        json.loads('{"num_speculative_tokens_per_batch_size": [[1, 8, 5],  # quiet: draft aggressively\n]}')
+    with pytest.raises(ServebookError):  # "the first range starts at batch 1"
+        validate_schedule([[2, 8, 5], [9, 24, 3]])
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7])
+def test_6_19_the_derived_schedule_is_a_speculative_config_whose_k_falls_with_load(alpha):
+    import tomllib
+
+    from servebook import calibrated_coefficients, gpu_numbers
+    from servebook.perf.speculative import k_schedule
+    from servebook.shipped import VLLM_CLAIMS
+
+    gpu = gpu_numbers("H200")
+    s = k_schedule(load_model_spec("gemma-4-31b"), gpu, calibrated_coefficients(gpu.name)[0], alpha=alpha,
+                   context_tokens=4096, max_num_seqs=128, k_max=5, tp=4)
+    known = {d["field"] for d in tomllib.loads(VLLM_CLAIMS.read_text())["default"] if d["config"] == "SpeculativeConfig"}
+    assert set(s) <= known, "6.19 prints the schedule as --speculative-config JSON: only SpeculativeConfig fields"
+    ks = [e[2] for e in s["num_speculative_tokens_per_batch_size"]]
+    assert ks == sorted(ks, reverse=True), "6.19 'Letting k fall with load': k falls as the batch grows"
