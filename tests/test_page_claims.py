@@ -1041,3 +1041,57 @@ def test_6_19_the_derived_schedule_is_a_speculative_config_whose_k_falls_with_lo
     assert set(s) <= known, "6.19 prints the schedule as --speculative-config JSON: only SpeculativeConfig fields"
     ks = [e[2] for e in s["num_speculative_tokens_per_batch_size"]]
     assert ks == sorted(ks, reverse=True), "6.19 'Letting k fall with load': k falls as the batch grows"
+
+
+# ---- 6.20 The 15k deployment ----------------------------------------------------------------------------
+
+def _drift_plan(entry_id: str, **override):
+    """The plan a deployment page prints: the drift test's plan_command entry ``entry_id`` (vllm_claims.toml)."""
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    entry = next(e for e in tomllib.loads(VLLM_CLAIMS.read_text())["plan_command"] if e["id"] == entry_id)
+    kwargs = {k: v for k, v in entry.items() if k not in ("id", "section", "config")}
+    return make_plan(entry["config"], **{**kwargs, **override})
+
+
+def test_6_20_the_gemma4_31b_h200_start_up_sized_its_cache_as_servebook_predicts():
+    from servebook import capacity, read_startup_log
+    from servebook.memory_fit import SHIPPED_STARTUP_LOGS, leave_one_out, records_from_fixtures
+
+    folder = SHIPPED_STARTUP_LOGS / "h200-0.26.0-gemma-4-31b--eager"
+    flags = json.loads((folder / "flags.json").read_text())
+    log = read_startup_log(folder / "startup.log")
+    assert flags["start_completed"] is False and "cutlass" in flags["failure"], \
+        "6.20's note: 'the engine sized its KV cache, then failed' (FA4's warm-up: no cutlass module)"
+    assert log.vllm_version == "0.26.0" and log.max_model_len == flags["engine_kwargs"]["max_model_len"], \
+        "6.20's note: 'vLLM 0.26.0, --max-model-len N'"
+    cap = capacity(load_model_spec(folder / "config.json"), log.available_kv_cache_bytes,
+                   max_model_len=log.max_model_len, max_num_batched_tokens=log.max_num_batched_tokens)
+    assert abs(cap.kv_cache_tokens / log.kv_cache_tokens - 1) <= 0.005, \
+        "6.20 'servebook computes N tokens from that budget' (within 0.5% of the logged M)"
+    assert round(cap.max_concurrency, 2) == log.max_concurrency, "6.20: the logged concurrency is servebook's"
+    row = next(r for r in leave_one_out(records_from_fixtures(SHIPPED_STARTUP_LOGS)) if r.name == folder.name)
+    assert abs(row.available_error_pct) <= 2.0, \
+        "6.20 'predicts the budget itself from the config and flags alone to N%' (held out, within 2%)"
+
+
+def test_6_20_the_command_uses_the_default_utilisation_and_recommends_below_vllms_default():
+    plan = _drift_plan("gemma26b-h200-tp4-16k")
+    assert plan.gpu_memory_utilization == 0.92, "6.20 '--gpu-memory-utilization 0.92 is the 0.27.1 default'"
+    assert plan.recommended_max_num_seqs < plan.default_max_num_seqs, \
+        "6.20 'left unset, vLLM 0.27.1 allows N on this GPU and relies on that preemption'"
+
+
+def test_6_20_15000_token_requests_run_as_many_at_once_under_either_limit():
+    rounded = _drift_plan("gemma26b-h200-tp4-16k", request_tokens=15000).running.max_running
+    exact = _drift_plan("gemma26b-h200-tp4-16k", max_model_len=15000).running.max_running
+    assert rounded == exact, "6.20 'Requests of 15,000 tokens run N at once under either limit'"
+
+
+def test_6_20_tp4_wins_on_the_logged_bound_four_replicas_on_what_runs():
+    tp4, tp1 = _drift_plan("gemma26b-h200-tp4-16k"), _drift_plan("gemma26b-h200-tp4-16k", tp=1)
+    assert 4 * tp1.capacity.max_concurrency < tp4.capacity.max_concurrency, \
+        "6.20 'N in total against M for one TP 4 engine, because TP 4 stores the weights once'"
+    assert 4 * tp1.running.max_running > tp4.running.max_running, "6.20 'By what runs, the replicas hold more'"
