@@ -1095,3 +1095,23 @@ def test_6_20_tp4_wins_on_the_logged_bound_four_replicas_on_what_runs():
     assert 4 * tp1.capacity.max_concurrency < tp4.capacity.max_concurrency, \
         "6.20 'N in total against M for one TP 4 engine, because TP 4 stores the weights once'"
     assert 4 * tp1.running.max_running > tp4.running.max_running, "6.20 'By what runs, the replicas hold more'"
+
+
+# ---- 6.21 The 30k deployment ----------------------------------------------------------------------------
+
+def test_6_21_doubling_the_context_does_not_halve_the_batch():
+    bf16_32k = _drift_plan("gemma26b-h200-tp4-32k-fp8", kv_cache_dtype="auto")
+    bf16_16k = _drift_plan("gemma26b-h200-tp4-32k-fp8", kv_cache_dtype="auto", max_model_len=16384)
+    drop = 1 - bf16_32k.running.max_running / bf16_16k.running.max_running
+    assert 0.25 < drop < 0.5, f"6.21 'Concurrency does not halve ... N% fewer, not 50%' (running drop {drop:.2f})"
+    assert bf16_32k.capacity.max_concurrency > 0.6 * bf16_16k.capacity.max_concurrency, \
+        "6.21 'The start-up log's admission bound ... falls from N to M' (far from halved)"
+
+
+def test_6_21_the_defaults_the_command_keeps():
+    plan = _drift_plan("gemma26b-h200-tp4-32k-fp8")
+    assert plan.gpu_memory_utilization == 0.92, "6.21 '--gpu-memory-utilization stays at the default 0.92'"
+    assert plan.max_num_batched_tokens == 8192, \
+        "6.21 '--max-num-batched-tokens stays at 8,192' (the page glues d30_mixed_8192 for that chunk)"
+    assert 10240 > plan.max_num_batched_tokens, \
+        "6.21 'With the default budget of 8,192, a threshold of 10,240 does nothing'"
