@@ -1115,3 +1115,85 @@ def test_6_21_the_defaults_the_command_keeps():
         "6.21 '--max-num-batched-tokens stays at 8,192' (the page glues d30_mixed_8192 for that chunk)"
     assert 10240 > plan.max_num_batched_tokens, \
         "6.21 'With the default budget of 8,192, a threshold of 10,240 does nothing'"
+
+
+# ---- 6.23 Batch tactics ---------------------------------------------------------------------------------
+
+def test_6_23_the_llm_class_gets_twice_the_step_budget_and_the_same_sequences():
+    from servebook import vllm_batch_defaults
+
+    h200 = get_gpu("H200")
+    llm = vllm_batch_defaults(h200.memory_bytes, h200.name, usage_context="LLM_CLASS")
+    srv = vllm_batch_defaults(h200.memory_bytes, h200.name)
+    assert llm[0] == 2 * srv[0] and llm[1] == srv[1], \
+        "6.23 'vLLM 0.27.1 gives it a 16,384-token step budget by default, against 8,192 for vllm serve (both with N sequences)'"
+
+
+def test_6_23_the_driver_keeps_groups_together_shortest_first():
+    from servebook.batch import submission_order
+
+    a, b = list(range(100, 132)), list(range(200, 232))
+    prompts = {"a-long": a + [1] * 40, "b-short": b + [2] * 5, "lone": [7] * 20,
+               "a-short": a + [3] * 3, "b-long": b + [4] * 50, "a-mid": a + [5] * 12}
+    ids = list(prompts)
+    ordered = [ids[i] for i in submission_order([prompts[i] for i in ids], ids, min_shared_tokens=16)]
+    assert [x[0] for x in ordered if x != "lone"] in (list("aaabb"), list("bbaaa")), \
+        "6.23 '1. Group by shared prefix': the toy input's groups stay together"
+    assert ordered.index("a-short") < ordered.index("a-mid") < ordered.index("a-long"), \
+        "6.23 '2. Then sort by length within each group ... shortest prompt first'"
+
+
+@pytest.fixture(scope="module")
+def lab8():
+    from servebook.batch.tactics_report import load_tactics, recorded_tactics_path
+
+    return load_tactics(recorded_tactics_path())
+
+
+def test_6_23_lab_8_one_run_per_case_on_one_h200(lab8):
+    assert (lab8["vllm_version"], lab8["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
+        "6.23 'on one NVIDIA H200 (vLLM 0.26.0)'"
+    assert lab8["profile_settings"]["repeats"] == 1 and all(len(c["runs"]) == 1 for c in lab8["cases"]), \
+        "6.23 'one run per case'"
+
+
+def test_6_23_lab_8_no_tactic_moved_throughput_by_more_than_a_few_percent(lab8):
+    from servebook.batch.tactics_report import tactic_ratios, tactics_rows
+
+    tps = [r["out tok/s"] for r in tactics_rows(lab8)]
+    assert max(tps) / min(tps) < 1.05, "6.23 'Every case ran within N% of the others' (under 5%)"
+    r = tactic_ratios(lab8)
+    gains = {k: (r[k] - 1) * 100 for k in ("length-sorted vs shuffled", "prefix-grouped vs length-sorted",
+                                            "tight vs loose max_tokens")}
+    assert all(0 < g < 3 for g in gains.values()), f"6.23 'Sorting by length gained N% ...' (each a small gain): {gains}"
+    http_pct = (1 / r["LLM.generate vs HTTP"] - 1) * 100
+    assert 0 < http_pct < 3, "6.23 'and vllm serve was N% faster than LLM.generate'"
+
+
+def test_6_23_lab_8_the_server_and_llm_cases_had_the_same_step_budget(lab8):
+    argv = next(c["argv"] for c in lab8["cases"] if c["name"] == "http-server")
+    for flag, key in (("--max-num-batched-tokens", "max_num_batched_tokens"), ("--max-num-seqs", "max_num_seqs")):
+        assert argv[argv.index(flag) + 1] == str(lab8["engine_args"][key]), \
+            f"6.23 'with the same step budget for both (so only the interface differs)': {flag}"
+
+
+def test_6_23_lab_8_every_order_hit_the_whole_prefixes_and_the_pool_held_them_many_times(lab8):
+    from servebook.batch.tactics_report import max_prefix_hit_tokens
+    from servebook.lab.recorded import load_recorded, recorded_path
+
+    runs = [c["runs"][0] for c in lab8["cases"] if c["name"] != "http-server"]
+    hits = {r["prefix_cache_hit_tokens"] for r in runs}
+    queries = {r["prefix_cache_query_tokens"] for r in runs}
+    assert len(queries) == 1 and hits == {max_prefix_hit_tokens(lab8)}, \
+        "6.23 'Why grouping had nothing to win on this workload': every order hit every whole prefix"
+    w = lab8["profile_settings"]["workload"]
+    l1 = load_recorded(recorded_path("l1_memory_budget"), lab="l1_memory_budget")
+    assert l1["config_sha256"] == lab8["config_sha256"] and l1["vllm_version"] == lab8["vllm_version"], \
+        "6.23: Lab 1's pool is for the same model shape and release as Lab 8"
+    util = lab8["engine_args"]["gpu_memory_utilization"]
+    pool = next(p["engine"]["kv_cache_tokens"] for p in l1["measurements"]["points"]
+                if p["engine"] and p["point"]["gpu_memory_utilization"] == util and p["point"]["kv_cache_dtype"] == "auto")
+    assert pool > 10 * w["num_prefixes"] * w["prefix_tokens"], \
+        "6.23 'Group by prefix when the prefixes in play outgrow the KV pool': here the pool held them many times"
+    out = next(c["runs"][0]["output_tokens"] for c in lab8["cases"] if c["name"] == "llm-generate")
+    assert (queries.pop() - hits.pop()) / out > 5, "6.23's Lab 8 workload is prefill-heavy (uncached prompt tokens per output token)"
