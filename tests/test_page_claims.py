@@ -1197,3 +1197,53 @@ def test_6_23_lab_8_every_order_hit_the_whole_prefixes_and_the_pool_held_them_ma
         "6.23 'Group by prefix when the prefixes in play outgrow the KV pool': here the pool held them many times"
     out = next(c["runs"][0]["output_tokens"] for c in lab8["cases"] if c["name"] == "llm-generate")
     assert (queries.pop() - hits.pop()) / out > 5, "6.23's Lab 8 workload is prefill-heavy (uncached prompt tokens per output token)"
+
+
+# ---- 6.24 Defaults --------------------------------------------------------------------------------------
+FLAGS_6_24 = ["--max-model-len", "--max-num-seqs", "--tensor-parallel-size", "--gpu-memory-utilization",
+              "--max-num-batched-tokens", "--kv-cache-dtype", "--speculative-config", "--long-prefill-token-threshold",
+              "--max-cudagraph-capture-size", "--enable-chunked-prefill", "--enable-prefix-caching", "--block-size",
+              "--async-scheduling", "--enforce-eager", "--prefix-caching-hash-algo", "--scheduler-reserve-full-isl"]
+
+
+@pytest.fixture(scope="module")
+def flag_claims():
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    return {f["flag"]: f for f in tomllib.loads(VLLM_CLAIMS.read_text())["flag"]}
+
+
+def test_6_24_every_flag_the_page_names_is_drift_checked(flag_claims):
+    missing = [f for f in FLAGS_6_24 if f not in flag_claims]
+    assert not missing, f"6.24's table names flags the drift test does not check: {missing}"
+
+
+@pytest.mark.parametrize("flag, default", [
+    ("--gpu-memory-utilization", 0.92), ("--kv-cache-dtype", "auto"), ("--tensor-parallel-size", 1),
+    ("--long-prefill-token-threshold", 0), ("--enforce-eager", False), ("--scheduler-reserve-full-isl", True),
+    ("--prefix-caching-hash-algo", "sha256")])
+def test_6_24_the_defaults_the_table_quotes_are_the_parsers(flag_claims, flag, default):
+    assert flag_claims[flag]["parser_default"] == default, f"6.24's table: {flag} defaults to {default!r}"
+
+
+def test_6_24_the_library_uses_the_quoted_defaults():
+    from servebook import DEFAULT_GPU_MEMORY_UTILIZATION, default_async_scheduling
+
+    assert DEFAULT_GPU_MEMORY_UTILIZATION == 0.92 and default_async_scheduling("cuda") is True, \
+        "6.24: servebook's utilisation and async-scheduling defaults are the ones the table quotes"
+
+
+def test_6_24_leaving_max_model_len_unset_guarantees_fewer_than_three_requests():
+    assert make_plan("gemma-4-31b", gpu="H200").capacity.max_concurrency < 3, \
+        "6.24 'one H200 guarantees only N full-length Gemma 4 31B requests' (fewer than three)"
+
+
+def test_6_24_leaving_max_num_seqs_unset_is_well_above_what_the_cache_runs():
+    from servebook import vllm_batch_defaults
+
+    h200 = get_gpu("H200")
+    seqs = vllm_batch_defaults(h200.memory_bytes, h200.name)[1]
+    assert seqs > 1.5 * _drift_plan("gemma26b-h200-tp4-16k").running.max_running, \
+        "6.24 'Above what the KV cache runs at once (N× the 15k deployment's M full-length requests)'"
