@@ -1247,3 +1247,86 @@ def test_6_24_leaving_max_num_seqs_unset_is_well_above_what_the_cache_runs():
     seqs = vllm_batch_defaults(h200.memory_bytes, h200.name)[1]
     assert seqs > 1.5 * _drift_plan("gemma26b-h200-tp4-16k").running.max_running, \
         "6.24 'Above what the KV cache runs at once (N× the 15k deployment's M full-length requests)'"
+
+
+# ---- 6.25 Takeaways -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["gemma-4-31b", "gemma-4-26b-a4b"])
+def test_6_25_what_runs_is_several_times_the_logged_bound(model):
+    p = make_plan(model, gpu="H200", max_model_len=16384)
+    assert p.running.max_running > 4 * p.capacity.max_concurrency, \
+        f"6.25 '{model} runs N full-length requests at once, while the start-up log's admission bound says X'"
+
+
+# 6.26 Interview drills: "every section 6.1-6.25 needs a drill" is tests/test_drills.py::
+# test_at_least_forty_drills_covering_every_section_and_kind.
+
+# ---- flags.md -------------------------------------------------------------------------------------------
+
+def test_flags_page_checks_against_the_pinned_release():
+    import tomllib
+
+    import servebook
+    from servebook.shipped import VLLM_CLAIMS
+
+    assert tomllib.loads(VLLM_CLAIMS.read_text())["pinned"] == servebook.PINNED_VLLM, \
+        "flags.md 'Checked against vLLM 0.27.1': the claims file is for another release than the book pins"
+
+
+# ---- appendix-draft-corrections.md ----------------------------------------------------------------------
+
+def test_appendix_the_drafts_gemma4_shapes_are_not_the_released_configs():
+    from servebook.draft.memory import GEMMA4_26B, GEMMA4_31B
+
+    dense, moe = load_model_spec(GEMMA4_31B.reference_id), load_model_spec(GEMMA4_26B.reference_id)
+    kinds = [l.kind == "sliding" for l in dense.layers]
+    assert len(kinds) == dense.num_layers != GEMMA4_31B.layers, \
+        "appendix: 'Gemma 4 31B has N full-attention layers' (the draft) vs the config's sliding + global layers"
+    assert moe.num_layers != GEMMA4_26B.layers and moe.params.total * 2 < GEMMA4_26B.weight_bytes(), \
+        "appendix: the draft's 26B-A4B layer count and weight bytes differ from the config's"
+
+
+def test_appendix_the_drafts_h100_figures_are_the_sxm_parts():
+    from servebook import gpu_numbers
+    from servebook.draft.fleet import DRAFT_H100_BF16_FLOPS, DRAFT_H100_HBM_BYTES_PER_S
+
+    h100 = gpu_numbers("h100")
+    assert abs(DRAFT_H100_BF16_FLOPS / h100.bf16_dense_flops - 1) < 0.001, \
+        "appendix 'the draft's N TFLOP/s and M TB/s are the SXM part's' (FLOP/s)"
+    assert DRAFT_H100_HBM_BYTES_PER_S == h100.hbm_bandwidth_bytes_per_s, "appendix: ... (bandwidth)"
+
+
+def test_appendix_the_drafts_30k_deployment_halved_the_15k_sequences_with_fp8():
+    from servebook.draft.memory import DRAFT_DEPLOYMENTS
+
+    d15, d30 = DRAFT_DEPLOYMENTS
+    assert d30.max_num_seqs * 2 == d15.max_num_seqs and d30.kv_cache_dtype == "fp8", \
+        "appendix '30k deployment: fp8 KV and --max-num-seqs N (half the 15k value)'"
+
+
+def test_appendix_a_50ms_step_of_a_31b_on_an_h100_holds_under_4000_prompt_tokens_even_at_tp8():
+    from servebook import calibrated_coefficients, gpu_numbers
+    from servebook.draft.memory import GEMMA4_31B
+    from servebook.perf.chunk_budget import prefill_tokens_within
+
+    h100 = gpu_numbers("h100")
+    fit = prefill_tokens_within(load_model_spec(GEMMA4_31B.reference_id), h100, calibrated_coefficients(h100.name)[0],
+                                target_step_s=0.050, tp=8)
+    assert fit < 4000, "appendix: the draft's '\"very roughly 4,000-8,000\" prompt tokens' is wrong even at TP 8"
+
+
+def test_appendix_when_max_num_seqs_binds_nothing_is_admitted():
+    res = simulate([RequestSpec(f"r{i}", 16, 5) for i in range(40)],
+                   SchedulerConfig(num_blocks=1000, block_size=16, max_num_seqs=32, max_num_batched_tokens=8192))
+    assert res.steps.prefill_tokens[1] == 0 and res.steps.waiting[1] == 40 - 32, \
+        "appendix 'nothing is admitted while 32 run: N of 8,192 tokens go unused and 8 requests wait'"
+
+
+def test_appendix_the_drafts_tokens_per_step_need_the_acceptance_it_quotes():
+    from servebook.draft.fleet import DRAFT_SCENARIOS, DRAFT_SPEC_K
+    from servebook.perf.speculative import acceptance_for_tokens_per_step, expected_tokens_per_step
+
+    accept = DRAFT_SCENARIOS[1][-1]
+    alpha = acceptance_for_tokens_per_step(1 + accept, DRAFT_SPEC_K)
+    assert abs(expected_tokens_per_step(DRAFT_SPEC_K, alpha) - (1 + accept)) < 1e-9, \
+        "appendix: 'the draft's N tokens at k = K need alpha = A%' (alpha gives the tokens back)"
