@@ -10,7 +10,10 @@ change or a new recording that moves a number past what a sentence states fails 
 """
 from __future__ import annotations
 
+import ast
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,40 @@ from servebook.records import StepTimes, step_times
 from servebook.simulator import RequestSpec, SchedulerConfig, simulate, synthetic_workload
 
 GIB = 2**30
+BOOK = Path(__file__).resolve().parents[1] / "book"
+_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
+#: Pages whose hidden cells still assert, each with the reason; a listed page that no longer asserts fails
+#: below, so the list only shrinks.
+PAGES_STILL_ASSERTING = {
+    "06-22-ten-million-requests.md": "edited by the lead (issue 20); its asserts move when that work lands",
+}
+
+
+def _asserts(text: str) -> list[int]:
+    """Page line of every ``assert`` statement in the page's ``{code-cell}`` blocks (options and magics blanked)."""
+    found = []
+    for m in _CELL.finditer(text):
+        first = text.count("\n", 0, m.start(1)) + 1
+        source = "\n".join("" if ln.lstrip().startswith((":", "%", "!")) else ln for ln in m.group(1).split("\n"))
+        found += [first + n.lineno - 1 for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assert)]
+    return found
+
+
+@pytest.mark.parametrize("page", sorted(BOOK.glob("*.md")), ids=lambda p: p.name)
+def test_chapter_pages_compute_and_glue_and_leave_the_checks_to_this_file(page):
+    found = _asserts(page.read_text())
+    if page.name in PAGES_STILL_ASSERTING:
+        assert found, f"book/{page.name} no longer asserts: remove it from PAGES_STILL_ASSERTING"
+    else:
+        assert not found, (f"book/{page.name}: assert at lines {found}; a page computes and glues, the check of "
+                           "what its sentence claims goes in tests/test_page_claims.py (recompute the value there)")
+
+
+def test_the_page_assert_check_sees_asserts_in_hidden_cells_only_in_code_cells():
+    page = ("# A page\n\n```python\nassert False  # a plain block is not executed\n```\n\n"
+            "```{code-cell} ipython3\n:tags: [remove-cell]\n%matplotlib inline\nx = 1\nassert x == 1\n```\n")
+    assert _asserts(page) == [page.splitlines().index("assert x == 1") + 1]
+    assert _asserts(page.replace("assert x == 1", "glue('x', x)")) == []
 
 
 @pytest.fixture(scope="module")
