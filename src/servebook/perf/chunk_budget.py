@@ -5,8 +5,6 @@ plus a prefill chunk; the step's time is what every decoding user waits between
 two tokens. :func:`prefill_tokens_within` finds the largest chunk that keeps the
 step under a target, and :func:`recommend_max_num_batched_tokens` adds the
 decode tokens and rounds down to a power of two (so the target still holds).
-:func:`chunked_prefill_s` is what a chunk size costs the long prompt: its time to first
-token when it is prefilled in chunks beside the decodes.
 """
 from __future__ import annotations
 
@@ -32,23 +30,6 @@ def mixed_step_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prefill_tokens: 
     if work.tokens == 0:
         raise ServebookError("a step needs at least one decode sequence or one prefill token")
     return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens).step_s
-
-
-def chunked_prefill_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_tokens: int, chunk_tokens: int,
-                      decode_batch: int = 0, decode_context_tokens: float = 0.0, tp: int = 1,
-                      kv_cache_dtype: str = "auto") -> float:
-    """Seconds to prefill a ``prompt_tokens`` prompt in chunks of ``chunk_tokens``, each chunk's step
-    also carrying ``decode_batch`` decoding sequences (the prompt's time to first token, queueing aside).
-
-    Each chunk attends to the chunks before it (``prior_tokens``); the last chunk holds the rest.
-    """
-    if chunk_tokens < 1 or prompt_tokens < 1:
-        raise ServebookError(f"prompt_tokens {prompt_tokens} and chunk_tokens {chunk_tokens} must be positive; "
-                             "a chunk is at least one prompt token")
-    return sum(mixed_step_s(spec, gpu, coeffs, prefill_tokens=min(chunk_tokens, prompt_tokens - done),
-                            prior_tokens=done, decode_batch=decode_batch,
-                            decode_context_tokens=decode_context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
-               for done in range(0, prompt_tokens, chunk_tokens))
 
 
 def prefill_tokens_within(spec: ModelSpec, gpu, coeffs: Coefficients, *, target_step_s: float,
