@@ -17,6 +17,10 @@ reader's ``FileNotFoundError``/``ServebookError`` names a path the user can crea
 replace with ``SERVEBOOK_RESULTS_DIR``. Subfolders: ``labs`` (one JSON per lab run),
 ``step_timing`` (H200 step timings the calibration is fitted on), ``batch_tactics``
 (Lab 8), ``raw``, ``startup_logs``, ``e2e`` (end-to-end jobs, :func:`e2e_results`).
+
+Readers the chapter pages call: :func:`read_json` (any recorded document), :func:`step_times`
+(one step-timing file's decode steps and prefills), :func:`recorded_startup` (one recorded
+engine start-up, parsed) and :func:`e2e_results`.
 """
 from __future__ import annotations
 
