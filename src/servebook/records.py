@@ -17,6 +17,10 @@ reader's ``FileNotFoundError``/``ServebookError`` names a path the user can crea
 replace with ``SERVEBOOK_RESULTS_DIR``. Subfolders: ``labs`` (one JSON per lab run),
 ``step_timing`` (H200 step timings the calibration is fitted on), ``batch_tactics``
 (Lab 8), ``raw``, ``startup_logs``, ``e2e`` (end-to-end jobs, :func:`e2e_results`).
+
+Readers the chapter pages call: :func:`read_json` (any recorded document), :func:`step_times`
+(one step-timing file's decode steps and prefills), :func:`recorded_startup` (one recorded
+engine start-up, parsed) and :func:`e2e_results`.
 """
 from __future__ import annotations
 
@@ -100,3 +104,65 @@ def checkout_root(directory: str | Path | None = None) -> Path:
     results = results_dir(directory).resolve()
     depth = len(_RESULTS_IN_CHECKOUT.parts)
     return results.parents[depth - 1] if len(results.parents) >= depth else results
+
+
+class StepTimes:
+    """One recorded step-timing file (``step_timing/<model_file>.json``, one engine on one GPU).
+
+    ``decode_s[(batch, prompt_tokens)]`` is the recorded decode step, in seconds, with ``batch``
+    sequences whose prompts held ``prompt_tokens`` tokens; ``prefill_s[tokens]`` the recorded
+    prefill of one prompt of ``tokens`` tokens, in seconds; ``decode_rows`` and ``prefill_rows``
+    the recorded rows themselves (what :mod:`servebook.figures` plots). ``vllm_version``,
+    ``gpu_name``, ``gpu_count``, ``engine_args`` and ``record`` (the whole document) say where and
+    how it was measured.
+    """
+
+    def __init__(self, record: dict, where: str = "record"):
+        if not record.get("cases"):
+            raise ValueError(f"{where} holds no case; record it with the step-timing lab")
+        result = record["cases"][0]["result"]
+        self.record = record
+        self.vllm_version: str = record["vllm_version"]
+        self.gpu_name: str = record["gpu"]["name"]
+        self.gpu_count: int = record["gpu"].get("count", 1)
+        self.engine_args: dict = record["cases"][0]["engine_args"]
+        self.decode_rows: list[dict] = result["decode"]
+        self.prefill_rows: list[dict] = result["prefill"]
+        self.decode_s = {(r["batch"], r["prompt_tokens"]): r["step_s"] for r in self.decode_rows}
+        self.prefill_s = {r["tokens"]: r["time_s"] for r in self.prefill_rows}
+
+
+def step_times(model_file: str, directory: str | Path | None = None) -> StepTimes:
+    """The recorded step timings of ``step_timing/<model_file>.json`` (e.g. ``"qwen3-32b"``), first case."""
+    return StepTimes(read_json("step_timing", f"{model_file}.json", directory=directory),
+                     f"step_timing/{model_file}.json")
+
+
+class RecordedStartup:
+    """One engine start-up recorded in ``startup_logs/<file_name>`` (a file holds several cases).
+
+    ``log`` is the start-up log parsed (:class:`servebook.startup_log.StartupLog`), ``text`` the log
+    itself, ``engine_args`` how the engine was started; ``vllm_version`` and ``gpu_name`` say where.
+    """
+
+    def __init__(self, record: dict, case: dict):
+        from servebook.startup_log import parse_startup_log
+
+        self.vllm_version: str = record["vllm_version"]
+        self.gpu_name: str = record["gpu"]["name"]
+        self.name: str = case["name"]
+        self.engine_args: dict = case["engine_args"]
+        self.text: str = case["log"]
+        self.log = parse_startup_log(self.text)
+
+
+def recorded_startup(file_name: str, case: str, directory: str | Path | None = None) -> RecordedStartup:
+    """The start-up ``case`` (e.g. ``"llama-3.1-8b--util50"``) of ``startup_logs/<file_name>``.
+
+    An unknown case raises ``KeyError`` listing the file's cases.
+    """
+    record = read_json("startup_logs", file_name, directory=directory)
+    names = [c["name"] for c in record["cases"]]
+    if case not in names:
+        raise KeyError(f"startup_logs/{file_name} has no case {case!r}; its cases are {', '.join(names)}")
+    return RecordedStartup(record, record["cases"][names.index(case)])
