@@ -168,7 +168,9 @@ def test_6_3_every_step_of_the_recorded_vllm_cpu_trace_agrees_and_it_preempts():
 
 
 def test_6_3_lab_2_on_an_h200_distinct_prompts_a_multiple_and_padded_slots():
-    from servebook.lab.recorded import bench_prefix_caches, l2_summary, load_recorded, recorded_path
+    from servebook.lab.engine_stats import bench_prefix_caches
+    from servebook.lab.lab2_batching import l2_summary
+    from servebook.lab.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l2_paged_continuous"), lab="l2_paged_continuous")
     assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
@@ -309,7 +311,9 @@ def test_6_6_every_hundredth_of_utilisation_goes_to_the_kv_cache():
 
 @pytest.fixture(scope="module")
 def lab1_and_lab4():
-    from servebook.lab.recorded import l1_table, l4_table, load_recorded, recorded_path
+    from servebook.lab.lab1_memory import l1_table
+    from servebook.lab.lab4_fp8_kv import l4_table
+    from servebook.lab.recorded import load_recorded, recorded_path
 
     l1 = load_recorded(recorded_path("l1_memory_budget"), lab="l1_memory_budget")
     l4 = load_recorded(recorded_path("l4_fp8_kv"), lab="l4_fp8_kv")
@@ -430,7 +434,7 @@ def lab4():
 
 
 def test_6_8_lab_4_distinct_prompts_on_one_h200(lab4):
-    from servebook.lab.recorded import bench_prefix_caches
+    from servebook.lab.engine_stats import bench_prefix_caches
 
     assert (lab4["vllm_version"], lab4["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
         "6.8 'Lab 4 ... one NVIDIA H200, vLLM 0.26.0'"
@@ -441,7 +445,7 @@ def test_6_8_lab_4_distinct_prompts_on_one_h200(lab4):
 
 
 def test_6_8_lab_4_fp8_doubled_the_pool_preempted_less_and_served_more(lab4):
-    from servebook.lab.recorded import l4_ratios
+    from servebook.lab.lab4_fp8_kv import l4_ratios
 
     w, e = lab4["measurements"]["workload"], lab4["measurements"]["engines"]
     tok_ratio, tput_ratio = l4_ratios(w["kv_dtypes"], e)
@@ -454,7 +458,7 @@ def test_6_8_lab_4_fp8_doubled_the_pool_preempted_less_and_served_more(lab4):
 
 
 def test_6_8_lab_4_each_request_got_its_tokens_more_slowly_with_more_running(lab4):
-    from servebook.lab.recorded import logged_max_running
+    from servebook.lab.engine_stats import logged_max_running
 
     e = lab4["measurements"]["engines"]
     assert e["fp8"]["bench"]["summary"]["mean_tpot_ms"] > e["auto"]["bench"]["summary"]["mean_tpot_ms"], \
@@ -523,7 +527,8 @@ def test_6_9_simulated_sweep_twice_the_ceiling_is_clean_four_times_is_fastest():
 
 
 def test_6_9_lab_3_the_preemption_knee_lies_between_the_clean_cap_and_the_first_preempting_one():
-    from servebook.lab.recorded import bench_prefix_caches, first_preempting, load_l3, preemption_knee
+    from servebook.lab.engine_stats import bench_prefix_caches
+    from servebook.lab.lab3_preemption import first_preempting, load_l3, preemption_knee
 
     doc = load_l3()
     assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.9 'one NVIDIA H200, vLLM 0.26.0'"
@@ -615,7 +620,8 @@ def test_6_11_the_recommended_budget_keeps_the_target_and_the_default_trades_lat
 
 @pytest.fixture(scope="module")
 def lab5():
-    from servebook.lab.recorded import l5_table, load_recorded, recorded_path
+    from servebook.lab.lab5_chunked_prefill import l5_table
+    from servebook.lab.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
     rows = l5_table(doc["measurements"])
@@ -676,7 +682,8 @@ def test_6_12_a_partly_filled_last_block_is_never_shared():
 
 @pytest.fixture(scope="module")
 def lab6():
-    from servebook.lab.recorded import l6_offline_table, l6_serving_table, load_recorded, recorded_path
+    from servebook.lab.lab6_prefix_caching import l6_offline_table, l6_serving_table
+    from servebook.lab.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l6_prefix_caching"), lab="l6_prefix_caching")
     serve = l6_serving_table(doc["measurements"])
@@ -771,7 +778,7 @@ def test_6_14_the_all_reduce_term_was_calibrated_on_two_h200s_over_nvlink():
 
 @pytest.fixture(scope="module")
 def lab9():
-    from servebook.lab.parallel_report import capacity_rows, load_l9, saturation_rows, single_stream_rows
+    from servebook.lab.lab9_parallel import capacity_rows, load_l9, saturation_rows, single_stream_rows
 
     dense, moe = load_l9("qwen3-32b"), load_l9("qwen3-30b-a3b")
     q32, q30 = load_model_spec("qwen3-32b"), load_model_spec("qwen3-30b-a3b")
@@ -844,7 +851,7 @@ def test_6_15_the_recorded_moe_lead_is_large_at_batch_1_and_narrows():
 
 
 def test_6_15_lab_9_expert_parallelism_emitted_more_than_plain_tp2():
-    from servebook.lab.parallel_report import load_l9, saturation_rows
+    from servebook.lab.lab9_parallel import load_l9, saturation_rows
 
     l9 = load_l9("qwen3-30b-a3b")
     assert l9["doc"]["vllm_version"] == "0.26.0" and l9["doc"]["gpu"]["count"] == 2, \
@@ -904,7 +911,7 @@ def test_6_16_lab_7_acceptance_was_real_and_greedy_output_unchanged(lab7):
 
 
 def test_6_16_lab_7_every_config_was_slower_than_plain_decoding_where_the_model_predicted_faster(lab7):
-    from servebook.lab.speculative_report import speedup_rows
+    from servebook.lab.lab7_speculative import speedup_rows
 
     rows = speedup_rows(lab7["measurements"])
     assert {1, 64} <= {r["batch"] for r in rows}, "6.16 'at batch 1 as at 64'"
@@ -913,7 +920,7 @@ def test_6_16_lab_7_every_config_was_slower_than_plain_decoding_where_the_model_
 
 
 def test_6_16_lab_7_the_small_targets_step_is_fixed_cost_the_31bs_is_the_weight_read(lab7):
-    from servebook.lab.speculative_report import step_rows, weight_read_ms
+    from servebook.lab.lab7_speculative import step_rows, weight_read_ms
 
     m = lab7["measurements"]
     steps = {(r["config"], r["batch"]): r for r in step_rows(m["engines"], m["workload"]["max_tokens"])}
@@ -1167,7 +1174,7 @@ def test_6_23_the_driver_keeps_groups_together_shortest_first():
 
 @pytest.fixture(scope="module")
 def lab8():
-    from servebook.batch.tactics_report import load_tactics, recorded_tactics_path
+    from servebook.lab.lab8_batch_tactics import load_tactics, recorded_tactics_path
 
     return load_tactics(recorded_tactics_path())
 
@@ -1180,7 +1187,7 @@ def test_6_23_lab_8_one_run_per_case_on_one_h200(lab8):
 
 
 def test_6_23_lab_8_no_tactic_moved_throughput_by_more_than_a_few_percent(lab8):
-    from servebook.batch.tactics_report import tactic_ratios, tactics_rows
+    from servebook.lab.lab8_batch_tactics import tactic_ratios, tactics_rows
 
     tps = [r["out tok/s"] for r in tactics_rows(lab8)]
     assert max(tps) / min(tps) < 1.05, "6.23 'Every case ran within N% of the others' (under 5%)"
@@ -1200,7 +1207,7 @@ def test_6_23_lab_8_the_server_and_llm_cases_had_the_same_step_budget(lab8):
 
 
 def test_6_23_lab_8_every_order_hit_the_whole_prefixes_and_the_pool_held_them_many_times(lab8):
-    from servebook.batch.tactics_report import max_prefix_hit_tokens
+    from servebook.lab.lab8_batch_tactics import max_prefix_hit_tokens
     from servebook.lab.recorded import load_recorded, recorded_path
 
     runs = [c["runs"][0] for c in lab8["cases"] if c["name"] != "http-server"]
