@@ -29,9 +29,7 @@ BOOK = Path(__file__).resolve().parents[1] / "book"
 _CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
 #: Pages whose hidden cells still assert, each with the reason; a listed page that no longer asserts fails
 #: below, so the list only shrinks.
-PAGES_STILL_ASSERTING = {
-    "06-22-ten-million-requests.md": "edited by the lead (issue 20); its asserts move when that work lands",
-}
+PAGES_STILL_ASSERTING: dict[str, str] = {}
 
 
 def _asserts(text: str) -> list[int]:
@@ -1144,6 +1142,88 @@ def test_6_21_the_defaults_the_command_keeps():
         "6.21 '--max-num-batched-tokens stays at 8,192' (the page glues d30_mixed_8192 for that chunk)"
     assert 10240 > plan.max_num_batched_tokens, \
         "6.21 'With the default budget of 8,192, a threshold of 10,240 does nothing'"
+
+
+# ---- 6.22 Sizing a ten-million-request job ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ten_million():
+    """6.22's job and layouts, with the page's arguments: 10M requests of 12,000 in / 3,000 out, eight H100s."""
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+
+    gpu = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    job = Workload(10_000_000, LengthDistribution.fixed(12_000), LengthDistribution.fixed(3_000))
+    moe = load_model_spec("gemma-4-26b-a4b")
+
+    def layout(tp, kv, gpus=8, **kw):
+        return plan(job, Deployment(f"tp{tp}-{kv}", moe, gpu, gpus=gpus, tp=tp, kv_cache_dtype=kv,
+                                    max_num_batched_tokens=16384, cudagraph_max_tokens=16384, **kw), coeffs)
+
+    options = {(tp, kv): layout(tp, kv) for tp in (1, 2, 4, 8) for kv in ("auto", "fp8")}
+    return moe, layout, options
+
+
+def test_6_22_fp8_kv_is_faster_at_every_tp_size_and_tp2_fp8_wins(ten_million):
+    _, _, options = ten_million
+    assert all(options[(tp, "fp8")].hours < options[(tp, "auto")].hours for tp in (1, 2, 4, 8)), \
+        "6.22 figure's alt text: fp8 KV is faster at every TP size"
+    (best_tp, best_kv), _ = min(options.items(), key=lambda kv_p: kv_p[1].hours)
+    assert (best_tp, best_kv) == (2, "fp8"), "6.22 'The fastest layout of Gemma 4 26B-A4B is TP 2 with an fp8 KV cache'"
+
+
+def test_6_22_a_tp2_replica_holds_more_than_linearly_more_kv(ten_million):
+    _, _, options = ten_million
+    kv1, kv2 = (options[(tp, "fp8")].kv_budget_bytes_per_gpu for tp in (1, 2))
+    assert 2 * kv2 / kv1 > 3, "6.22 'more than linearly': a TP 2 replica holds more than 3x one GPU's KV cache"
+
+
+def test_6_22_the_kv_read_is_a_large_share_of_a_decode_step(ten_million):
+    from servebook.perf.work import decode_work, dense_weight_bytes_read, expert_weight_bytes_read
+
+    moe, _, options = ten_million
+    best = options[(2, "fp8")]
+    w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2)
+    weights = dense_weight_bytes_read(moe, 2) + float(expert_weight_bytes_read(moe, w.tokens, 2))
+    assert w.kv_read_bytes > 0.5 * weights, "6.22 'the KV cache is a large share of those bytes' (KV read > half the weights)"
+
+
+def test_6_22_speculation_gains_less_at_the_large_batch(ten_million):
+    from servebook.perf.fleet import Speculation
+    from servebook.perf.speculative import Drafter
+
+    _, layout, options = ten_million
+    best = options[(2, "fp8")]
+    spec_best = layout(2, "fp8", speculation=Speculation(4, 0.7, Drafter()))
+    small = layout(2, "fp8", batch=48)
+    spec_small = layout(2, "fp8", batch=48, speculation=Speculation(4, 0.7, Drafter()))
+    assert best.hours / spec_best.hours < small.hours / spec_small.hours, "6.22 speculation gains 'less at the large batch'"
+
+
+def test_6_22_replicas_share_nothing(ten_million):
+    _, layout, options = ten_million
+    best, big = options[(2, "fp8")], layout(2, "fp8", gpus=64)
+    assert best.hours / big.hours == pytest.approx(8, abs=1e-6) and best.gpu_hours == pytest.approx(big.gpu_hours, abs=1e-6), \
+        "6.22 'Scaling out: eight times the GPUs, an eighth of the hours, the same GPU-hours'"
+
+
+def test_6_22_the_link_efficiency_is_fitted_at_one_tp_size():
+    from servebook.perf.model import load_calibration
+
+    tp_sources = [s for s in load_calibration()["sources"] if s["engine_args"].get("tensor_parallel_size", 1) > 1]
+    assert tp_sources and len({s["engine_args"]["tensor_parallel_size"] for s in tp_sources}) == 1, \
+        "6.22 'fitted at one TP size only'"
+
+
+def test_6_22_whole_jobs_ran_slower_than_fleet_promised():
+    from servebook.lab.e2e_analysis import fitted_models, job_rows, summary
+    from servebook.records import e2e_results
+
+    held = [r for d in e2e_results() for r in job_rows(d, fitted=fitted_models(), detail=False) if r["group"] == "held out"]
+    assert held and summary(held)["mean"] > 0, "6.22 'servebook fleet promised N% more output tokens per second than the engine delivered'"
+    longest = max(held, key=lambda r: r["requests"])
+    assert longest["error"] > 0, "6.22 'even the longest job ... ran slower than fleet predicts'"
 
 
 # ---- 6.23 Batch tactics ---------------------------------------------------------------------------------
