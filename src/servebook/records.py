@@ -77,7 +77,7 @@ E2E_SCHEMA = "servebook.e2e/1"
 
 
 def e2e_results(directory: str | Path | None = None) -> list[dict]:
-    """Every end-to-end job record (``e2e/e2e_<model>.json``, schema ``servebook.e2e/1``), by model id.
+    """Every end-to-end job record (``e2e/e2e_<model>[-<suffix>].json``, schema ``servebook.e2e/1``), by model id.
 
     ``directory`` is a results folder (see :func:`results_dir`) or a folder holding the files
     themselves (a test's fixtures). Raises ``FileNotFoundError`` naming the folder when it holds

@@ -3,11 +3,8 @@
 :func:`servebook.perf.fleet.plan` charges every request at the steady state's rate. A real job
 starts with an empty batch (every first prompt is prefilled before most decoding can start) and
 ends with a drain: the queue is empty, the last requests finish one after another at a falling
-batch, and each step still costs nearly a full one (the weights are read whatever the batch). On
-the H200 (labs/results/e2e/, 2026-12-01) jobs of one or two batches of requests took 1.1-2.1x
-fleet's time; replaying them in servebook's scheduler simulator with the same step-time model
-came within -14% to +10% for the Gemma-3-27B jobs (+56% for DeepSeek-V2-Lite, whose prefill
-steps the step model prices 43% low).
+batch, and each step still costs nearly a full one (the weights are read whatever the batch). labs/e2e_results.md
+compares fleet and this replay with the jobs recorded on an H200.
 
 :func:`finite_job_seconds` replays ``n = min(requests per replica, REPLAY_BATCHES x batch)``
 requests (lengths cycled through the workload's samples in a fixed shuffled order, all submitted
