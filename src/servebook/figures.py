@@ -162,16 +162,12 @@ def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None, knee_b
     procedure's gap target) as a horizontal line when given, and the chunked row of ``knee_budget``
     (the measured knee) ringed when given. Gap on a log scale. Returns the figure.
     """
+    from servebook.lab.lab5_chunked_prefill import draw_tradeoff
+
     with page_style():
         fig, ax = page_axes()
-        ax.plot([r["TTFT ms predicted"] for r in rows], [r["worst ITL ms predicted"] for r in rows], "x--",
-                color="grey", label="predicted (step model)")
-        ax.plot([r["TTFT ms measured"] for r in rows], [r["worst ITL ms measured"] for r in rows], "o",
-                color="C0", label="measured")
-        for r in rows:
-            ax.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else " (chunking off)"),
-                        (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points",
-                        xytext=(6, -4))
+        draw_tradeoff(ax, rows, predicted="predicted (step model)", measured="measured", off=" (chunking off)",
+                      xytext=(6, -4))
         if knee_budget is not None:
             [k] = [r for r in rows if r["chunking"] == "on" and r["budget"] == knee_budget]
             ax.plot([k["TTFT ms measured"]], [k["worst ITL ms measured"]], "o", ms=14, mfc="none", mec="C3",

@@ -318,6 +318,11 @@ def weights_bytes_per_gpu(spec: ModelSpec, tp: int = 1) -> int:
     return -(-spec.weight_bytes // tp)
 
 
+def _in_gib(bytes_field: str, what: str) -> property:
+    """A read-only property: the ``bytes_field`` attribute in GiB, documented as ``what``, GiB."""
+    return property(lambda self: getattr(self, bytes_field) / GIB, doc=f"{what}, GiB.")
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """The start-up memory budget of one GPU.
@@ -347,40 +352,14 @@ class MemoryBudget:
     tp: int = 1
     coefficients_status: str = "prior"
 
-    @property
-    def total_memory_gib(self) -> float:
-        """Total GPU memory, GiB."""
-        return self.total_memory_bytes / GIB
-
-    @property
-    def requested_gib(self) -> float:
-        """Memory vLLM may use, GiB."""
-        return self.requested_bytes / GIB
-
-    @property
-    def weights_gib(self) -> float:
-        """Weights per GPU, GiB."""
-        return self.weights_bytes / GIB
-
-    @property
-    def activation_gib(self) -> float:
-        """Peak activation, GiB."""
-        return self.activation_bytes / GIB
-
-    @property
-    def non_torch_gib(self) -> float:
-        """Non-torch memory, GiB."""
-        return self.non_torch_bytes / GIB
-
-    @property
-    def cudagraph_gib(self) -> float:
-        """CUDA-graph memory, GiB."""
-        return self.cudagraph_bytes / GIB
-
-    @property
-    def available_kv_gib(self) -> float:
-        """KV cache budget per GPU, GiB."""
-        return self.available_kv_bytes / GIB
+    # The budget's byte counts in GiB (float), for tables and figures.
+    total_memory_gib = _in_gib("total_memory_bytes", "Total GPU memory")
+    requested_gib = _in_gib("requested_bytes", "Memory vLLM may use")
+    weights_gib = _in_gib("weights_bytes", "Weights per GPU")
+    activation_gib = _in_gib("activation_bytes", "Peak activation")
+    non_torch_gib = _in_gib("non_torch_bytes", "Non-torch memory")
+    cudagraph_gib = _in_gib("cudagraph_bytes", "CUDA-graph memory")
+    available_kv_gib = _in_gib("available_kv_bytes", "KV cache budget per GPU")
 
     def claims(self) -> dict[str, int]:
         """The four claims by name, bytes."""

@@ -53,6 +53,7 @@ from a 2-decimal GiB figure carry up to 0.005 GiB (5 MiB) of rounding.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,6 +210,26 @@ def _i(s: str) -> int:
     return int(s.replace(",", ""))
 
 
+#: What a recognised line gives: a (field, converter) pair per group of its pattern, in group order.
+#: Where two lines give one field the later entry wins: 0.27's usage line over 0.26's, the estimate
+#: line over the pool line. Lines that need more than a conversion are read in parse_startup_log.
+_FIELDS: dict[str, tuple[tuple[str, Callable[[str], object]], ...]] = {
+    "version": (("vllm_version", str),),
+    "model_loading": (("model_loading_gib", _f), ("model_loading_s", _f)),
+    "free_on_startup": (("free_on_startup_gib", _f), ("total_memory_gib", _f), ("gpu_memory_utilization", _f),
+                        ("requested_memory_gib", _f)),
+    "usage_026": (("weights_gib", _f), ("peak_activation_gib", _f), ("non_torch_gib", _f), ("cudagraph_gib", _f)),
+    "usage_027": (("consumed_gib", _f), ("peak_activation_gib", _f), ("cudagraph_gib", _f)),
+    "kv_in_use": (("kv_in_use_gib", _f),),
+    "cudagraph_pool": (("cudagraph_actual_gib", _f), ("cudagraph_estimated_gib", _f)),
+    "cudagraph_estimate": (("cudagraph_estimated_gib", _f),),
+    "kv_tokens": (("kv_cache_tokens", _i),),
+    "concurrency": (("concurrency_max_model_len", _i), ("max_concurrency", _f)),
+    "block_size": (("block_size", int), ("block_size_backend", str)),
+    "max_num_batched_tokens": (("max_num_batched_tokens", int),),
+    "max_model_len": (("max_model_len", int),),
+}
+
 def parse_startup_log(text: str) -> StartupLog:
     """Parse the text of a vLLM start-up log (see the module docstring for formats).
 
@@ -247,10 +268,9 @@ def parse_startup_log(text: str) -> StartupLog:
     def group(key: str) -> re.Match[str] | None:
         return found.get(key)  # type: ignore[return-value]
 
-    if m := group("version"):
-        values["vllm_version"] = m.group(1)
-    if m := group("model_loading"):
-        values["model_loading_gib"], values["model_loading_s"] = _f(m.group(1)), _f(m.group(2))
+    for key, fields in _FIELDS.items():
+        if m := group(key):
+            values.update((name, convert(g)) for (name, convert), g in zip(fields, m.groups(), strict=True))
     if available:
         # Every TP rank prints its own figure; the engine sizes all ranks by the smallest
         # (get_kv_cache_configs: "Change the num_blocks of each rank to the smallest").
@@ -258,41 +278,8 @@ def parse_startup_log(text: str) -> StartupLog:
     elif m := group("cpu_kv"):
         values["available_kv_cache_gib"] = _f(m.group(2))
         values["host_total_gib"] = _f(m.group(3))
-    if m := group("free_on_startup"):
-        values["free_on_startup_gib"] = _f(m.group(1))
-        values["total_memory_gib"] = _f(m.group(2))
-        values["gpu_memory_utilization"] = _f(m.group(3))
-        values["requested_memory_gib"] = _f(m.group(4))
-    if m := group("usage_026"):
-        values["weights_gib"] = _f(m.group(1))
-        values["peak_activation_gib"] = _f(m.group(2))
-        values["non_torch_gib"] = _f(m.group(3))
-        values["cudagraph_gib"] = _f(m.group(4))
-    if m := group("usage_027"):
-        values["consumed_gib"] = _f(m.group(1))
-        values["peak_activation_gib"] = _f(m.group(2))
-        values["cudagraph_gib"] = _f(m.group(3))
-    if m := group("kv_in_use"):
-        values["kv_in_use_gib"] = _f(m.group(1))
-    if m := group("cudagraph_pool"):
-        values["cudagraph_actual_gib"] = _f(m.group(1))
-        values["cudagraph_estimated_gib"] = _f(m.group(2))
-    if m := group("cudagraph_estimate"):
-        values["cudagraph_estimated_gib"] = _f(m.group(1))
     if group("v2_runner"):
         values["model_runner"] = "v2"
-    if m := group("kv_tokens"):
-        values["kv_cache_tokens"] = _i(m.group(1))
-    if m := group("concurrency"):
-        values["concurrency_max_model_len"] = _i(m.group(1))
-        values["max_concurrency"] = _f(m.group(2))
-    if m := group("block_size"):
-        values["block_size"] = int(m.group(1))
-        values["block_size_backend"] = m.group(2)
-    if m := group("max_num_batched_tokens"):
-        values["max_num_batched_tokens"] = int(m.group(1))
-    if m := group("max_model_len"):
-        values["max_model_len"] = int(m.group(1))
     if m := group("v0_blocks"):
         # "# GPU blocks: N, # CPU blocks: M" (0.4/0.5), "# cuda blocks: N, ..." (0.6,
         # device name), "# CPU blocks: N" alone (CPU backend: its device blocks).

@@ -49,20 +49,31 @@ def l5_table(measurements: dict) -> list[dict]:
     return rows
 
 
+def draw_tradeoff(ax, rows: list[dict], *, predicted: str, measured: str, off: str, **text) -> None:
+    """Draw :func:`l5_table`'s rows on ``ax``: TTFT (x, ms) against the decodes' worst gap (y, ms).
+
+    The prediction as a dashed line labelled ``predicted``, the measurements as points labelled
+    ``measured``, each point annotated with its budget (``off`` appended when chunking was off);
+    ``text``: keyword arguments of those annotations (offset, font size). Shared by :func:`plot_l5`
+    and the chapter's :func:`servebook.figures.plot_chunk_tradeoff`.
+    """
+    ax.plot([r["TTFT ms predicted"] for r in rows], [r["worst ITL ms predicted"] for r in rows], "x--",
+            color="grey", label=predicted)
+    ax.plot([r["TTFT ms measured"] for r in rows], [r["worst ITL ms measured"] for r in rows], "o",
+            color="C0", label=measured)
+    for r in rows:
+        ax.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else off),
+                    (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points", **text)
+
+
 def plot_l5(measurements: dict, doc: dict | None = None):
     """TTFT against worst ITL per budget, measured and predicted (left); mean prefill step (right)."""
     import matplotlib.pyplot as plt
 
     rows = l5_table(measurements)
     fig, (a, b) = plt.subplots(1, 2, figsize=(9.5, 3.6))
-    a.plot([r["TTFT ms predicted"] for r in rows], [r["worst ITL ms predicted"] for r in rows], "x--",
-           color="grey", label="predicted (calibrated step model)")
-    a.plot([r["TTFT ms measured"] for r in rows], [r["worst ITL ms measured"] for r in rows], "o",
-           color="C0", label="measured (clients, median of repeats)")
-    for r in rows:
-        a.annotate(f"{r['budget']:,}" + ("" if r["chunking"] == "on" else " (off)"),
-                   (r["TTFT ms measured"], r["worst ITL ms measured"]), textcoords="offset points",
-                   xytext=(4, 4), fontsize=8)
+    draw_tradeoff(a, rows, predicted="predicted (calibrated step model)",
+                  measured="measured (clients, median of repeats)", off=" (off)", xytext=(4, 4), fontsize=8)
     a.set_xlabel("long prompt's TTFT, ms")
     a.set_ylabel("decodes' worst inter-token gap, ms")
     a.legend(fontsize=7)

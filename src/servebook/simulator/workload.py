@@ -122,33 +122,13 @@ class Truncation:
                 f"{self.max_model_len}; raise --max-model-len to keep the length distribution")
 
 
-def synthetic_workload(
-    num_requests: int,
-    *,
-    arrival_rate_per_s: float = math.inf,
-    lengths: str = "sharegpt-like",
-    max_model_len: int = 2048,
-    shared_prefix_tokens: int = 0,
-    seed: int = 0,
-) -> list[RequestSpec]:
-    """A reproducible list of requests.
+def synthetic_workload(num_requests: int, **options) -> list[RequestSpec]:
+    """A reproducible list of requests: those of :func:`synthetic_workload_with_truncation`.
 
-    Args:
-        num_requests: how many requests (>= 1).
-        arrival_rate_per_s: mean Poisson arrival rate in requests per second;
-            ``math.inf`` puts every arrival at t = 0 (an offline batch).
-        lengths: a key of :data:`LENGTH_PRESETS`.
-        max_model_len: prompt + output is clipped to this many tokens, as a
-            server with ``--max-model-len`` would refuse or cut longer ones
-            (:func:`synthetic_workload_with_truncation` also says how many were cut).
-        shared_prefix_tokens: if > 0, every prompt starts with the same prefix of
-            this many tokens (``prefix_id="system"``); prompts are lengthened to
-            hold it.
-        seed: random seed.
+    Same arguments (``num_requests``; keywords ``arrival_rate_per_s``, ``lengths``, ``max_model_len``,
+    ``shared_prefix_tokens``, ``seed``), without its report of what ``max_model_len`` cut.
     """
-    requests, _ = synthetic_workload_with_truncation(
-        num_requests, arrival_rate_per_s=arrival_rate_per_s, lengths=lengths, max_model_len=max_model_len,
-        shared_prefix_tokens=shared_prefix_tokens, seed=seed)
+    requests, _ = synthetic_workload_with_truncation(num_requests, **options)
     return requests
 
 
@@ -161,7 +141,20 @@ def synthetic_workload_with_truncation(
     shared_prefix_tokens: int = 0,
     seed: int = 0,
 ) -> tuple[list[RequestSpec], Truncation]:
-    """The requests of :func:`synthetic_workload` (same arguments) and a :class:`Truncation` of what was cut."""
+    """A reproducible list of requests, and a :class:`Truncation` of what ``max_model_len`` cut.
+
+    Args:
+        num_requests: how many requests (>= 1).
+        arrival_rate_per_s: mean Poisson arrival rate in requests per second;
+            ``math.inf`` puts every arrival at t = 0 (an offline batch).
+        lengths: a key of :data:`LENGTH_PRESETS`.
+        max_model_len: prompt + output is clipped to this many tokens, as a
+            server with ``--max-model-len`` would refuse or cut longer ones.
+        shared_prefix_tokens: if > 0, every prompt starts with the same prefix of
+            this many tokens (``prefix_id="system"``); prompts are lengthened to
+            hold it.
+        seed: random seed.
+    """
     if num_requests < 1:
         raise ServebookError(f"num_requests is {num_requests}; ask for at least 1 request")
     if lengths not in LENGTH_PRESETS:
