@@ -115,3 +115,17 @@ def test_benchmark_steps_table_names_each_job_and_the_simulators_error(capsys, m
     for job in doc["jobs"]:
         assert out.count(job["name"]) == 2  # the main table and the steps table
     assert "held out: the simulator's replay" in out and "assumed h200" in out
+
+
+def test_decode_step_medians_and_the_uniform_routing_floor():
+    from servebook.hf_config import load_model_spec
+    from servebook.lab.e2e_analysis import decode_step_medians, uniform_routing_floor_s
+
+    job = {"steps": {"t_s": [0.0, 1.0, 3.0, 4.0, 5.0, 5.5], "decodes": [32, 31, 33, 32, 8],
+                     "prefills": [[], [], [[10, 100, 0]], [], []]}}
+    # steps 0, 1 and 3 are decode-only near 32 (1 s, 2 s, 1 s); step 2 carries a prefill; step 4 runs 8 (0.5 s)
+    assert decode_step_medians(job) == {8: 0.5, 32: 1.0}
+    dense = load_model_spec("llama-3.1-8b")
+    moe = load_model_spec("qwen3-30b-a3b")
+    assert uniform_routing_floor_s(dense, "h200", 1) == uniform_routing_floor_s(dense, "h200", 256)
+    assert uniform_routing_floor_s(moe, "h200", 1) < uniform_routing_floor_s(moe, "h200", 64)

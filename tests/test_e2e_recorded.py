@@ -64,3 +64,17 @@ def test_vllm_logged_triton_compilation_during_gpt_oss_first_job():
     start = log.index("[e2e] gpt-oss-20b: engine started")
     first_job = log.index("[e2e] gpt-oss-20b long-prompt-384:")
     assert "Triton kernel JIT compilation during inference" in log[start:first_job]
+
+
+def test_deepseek_decode_steps_beat_the_uniform_routing_floor():
+    """labs/e2e_results.md: with random weights DeepSeek-V2-Lite's decode steps at batch 16-64 took less
+    time than reading the experts uniform routing touches would take at the H200's peak HBM bandwidth."""
+    from servebook.hf_config import load_model_spec
+    from servebook.lab.e2e_analysis import decode_step_medians, uniform_routing_floor_s
+
+    doc = next(d for d in e2e_results() if d["model_id"] == "deepseek-v2-lite")
+    spec = load_model_spec(doc["config"], name=doc["model_id"])
+    for job in doc["jobs"]:
+        medians = decode_step_medians(job)
+        for b in (16, 32, 64):
+            assert medians[b] < uniform_routing_floor_s(spec, "h200", b), (job["name"], b, medians[b])

@@ -247,3 +247,37 @@ def simulated(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     s = simulate(requests, config, _step_model(doc, g)).summary()
     return {"seconds": s["makespan_s"], "output_tokens_per_s": s["output_tokens_per_s"], "mean_running": s["mean_running"],
             "preemptions": s["preemptions"]}
+
+
+def decode_step_medians(job: dict, batches=(8, 16, 32, 64, 128, 256), tolerance: float = 0.1) -> dict[int, float]:
+    """Median measured seconds of the job's decode-only steps near each batch size.
+
+    A step counts for batch ``b`` when it carried no prefill chunk and ran within ``tolerance`` (a
+    fraction) of ``b`` decoding requests; its time is the interval to the next step's scheduling.
+    Batches with no such step are left out.
+    """
+    steps = job.get("steps") or {}
+    t, decodes, prefills = steps.get("t_s") or [], steps.get("decodes") or [], steps.get("prefills") or []
+    found: dict[int, list[float]] = {}
+    for k in range(len(t) - 1):
+        if prefills[k] or not decodes[k]:
+            continue
+        for b in batches:
+            if abs(decodes[k] - b) <= tolerance * b:
+                found.setdefault(b, []).append(t[k + 1] - t[k])
+    return {b: statistics.median(v) for b, v in sorted(found.items())}
+
+
+def uniform_routing_floor_s(spec, gpu, batch: int) -> float:
+    """Least seconds a decode step of ``batch`` requests can take on ``gpu`` if MoE routing is uniform.
+
+    The weights it must read (the dense ones, plus the routed experts ``batch`` tokens touch when each
+    picks its top-k experts uniformly at random: :func:`servebook.perf.work.expected_distinct_experts`)
+    over the GPU's peak HBM bandwidth, with no compute and no KV read. A measured step below it read
+    fewer experts than uniform routing touches.
+    """
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.work import dense_weight_bytes_read, expert_weight_bytes_read
+
+    weight_bytes = dense_weight_bytes_read(spec, 1) + float(expert_weight_bytes_read(spec, float(batch), 1))
+    return weight_bytes / gpu_numbers(gpu).hbm_bandwidth_bytes_per_s
