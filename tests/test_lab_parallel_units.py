@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from servebook.hf_config import load_model_spec
+from servebook.lab import lab9_parallel as lab9
+from servebook.lab import random_prompts
 from servebook.lab.errors import LabError
 from servebook.lab.lab9_parallel import (
     ParallelSetup,
@@ -320,3 +322,143 @@ def test_bench_replicas_split_the_load_and_run_together(monkeypatch):
     assert [r["server"] for r in out] == ["s0", "s1"] and [r["n"] for r in out] == [3, 2]
     assert sorted((c[0], c[2]) for c in calls) == [("s0", 7), ("s1", 8)]
     assert all(c[3] == {"input_len": 8, "output_len": 4} for c in calls)
+
+
+# --------------------------------------------------------------------------- clients per server (issue 26)
+def test_client_loads_split_each_servers_share_and_give_every_client_its_seed():
+    # 256 requests, 2 servers, 6 clients: 128 a server = 22 + 22 + 21 + 21 + 21 + 21; seeds 0-5 and 6-11
+    loads = lab9.client_loads(256, 2, 6)
+    assert loads[0] == [(0, 22), (1, 22), (2, 21), (3, 21), (4, 21), (5, 21)]
+    assert loads[1] == [(6, 22), (7, 22), (8, 21), (9, 21), (10, 21), (11, 21)]
+    # one client per server keeps the seeds the recorded runs used (replica i: seed + i)
+    assert lab9.client_loads(256, 2, 1, seed=0) == [[(0, 128)], [(1, 128)]]
+    with pytest.raises(LabError, match="at least one of each"):
+        lab9.client_loads(8, 1, 0)
+    with pytest.raises(LabError, match="at least one request"):
+        lab9.client_loads(3, 1, 4)          # a client without a request
+
+
+def test_bench_replicas_runs_every_client_of_every_server_at_once(monkeypatch):
+    import threading
+
+    import servebook.lab.bench as bench
+
+    barrier = threading.Barrier(4, timeout=10)   # breaks unless all four clients are in flight together
+    calls = []
+
+    def fake_run_bench(server, *, num_prompts, seed, **kw):
+        calls.append((server, num_prompts, seed))
+        barrier.wait()
+        return {"requests": [None] * num_prompts}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    out = lab9.bench_replicas(["s0", "s1"], num_prompts=10, clients_per_server=2, seed=3, input_len=8, output_len=4)
+    assert [(r["server_index"], r["client_index"], len(r["requests"])) for r in out] == \
+        [(0, 0, 3), (0, 1, 2), (1, 0, 3), (1, 1, 2)]
+    assert sorted(calls) == [("s0", 2, 4), ("s0", 3, 3), ("s1", 2, 6), ("s1", 3, 5)]
+
+
+def _timed_run(first_start, duration, requests):
+    run = _run(duration, requests)
+    run["first_start_s"] = first_start
+    return run
+
+
+def test_combine_clients_over_the_span_from_first_start_to_last_end():
+    # client a sends at t=100 s for 10 s, client b at t=102 s for 10 s: the load spans 100-112 s
+    a = _timed_run(100.0, 10.0, [(100, 11, 0.2, 1.2)])
+    b = _timed_run(102.0, 10.0, [(100, 13, 0.2, 2.6)])
+    s = lab9.combine_bench_runs([a, b])
+    assert s["duration_s"] == pytest.approx(12.0)
+    assert s["output_throughput"] == pytest.approx(24 / 12.0)
+    assert s["request_throughput"] == pytest.approx(2 / 12.0)
+    assert s["mean_tpot_ms"] == pytest.approx((100 + 200) / 2)    # 1.0 s / 10 and 2.4 s / 12
+    # a run recorded without a start time (the 2026-11-30 files): the longest duration, as before
+    del b["first_start_s"]
+    assert lab9.combine_bench_runs([a, b])["duration_s"] == 10.0
+
+
+def _sat_point(runs, itl_sum, itl_count, preemptions=0):
+    return {"saturated": {"runs": runs}, "metrics_delta": {
+        "vllm:inter_token_latency_seconds_sum": itl_sum, "vllm:inter_token_latency_seconds_count": itl_count,
+        "vllm:num_preemptions": preemptions}}
+
+
+def _client(server, n, tpot_s, output_len=11):
+    # n requests of output_len tokens, the first at 0.5 s, then one every tpot_s
+    return {"server_index": server, "requests": [
+        {"output_len": output_len, "ttft_s": 0.5, "latency_s": 0.5 + (output_len - 1) * tpot_s}] * n}
+
+
+def test_rate_check_agrees_within_ten_percent():
+    # 2 servers x 2 clients x 3 requests = 12 requests; engine: 1.2 s of gaps over 120 -> 10 ms ITL,
+    # so 12 / 0.010 = 1,200 tokens/s
+    runs = [_client(0, 3, 0.0105), _client(0, 3, 0.0105), _client(1, 3, 0.0105), _client(1, 3, 0.0105)]
+    check = lab9.rate_check(_sat_point(runs, 1.2, 120), max_num_seqs=6)
+    assert check["engine_decode_tok_s"] == pytest.approx(1200)
+    assert check["client_decode_tok_s"] == pytest.approx(12 / 0.0105)          # 1,142.9 tokens/s
+    assert check["client_over_engine"] == pytest.approx(0.0100 / 0.0105)       # 0.952: within 10%
+    assert check["agree"] is True and (check["servers"], check["clients"]) == (2, 4)
+    # the clients twice as slow per token as the engine: half the rate, well outside 10%
+    slow = [_client(0, 3, 0.020), _client(1, 3, 0.020)]
+    check = lab9.rate_check(_sat_point(slow, 0.6, 60), max_num_seqs=6)
+    assert check["client_over_engine"] == pytest.approx(0.5) and check["agree"] is False
+    # just past the line: engine 10 ms, clients 11.2 ms -> 0.893
+    assert lab9.rate_check(_sat_point([_client(0, 3, 0.0112)], 0.3, 30), max_num_seqs=6)["agree"] is False
+
+
+def test_rate_check_needs_every_request_of_a_server_decoding_at_once():
+    # 2 clients x 3 requests on one server with max_num_seqs 5: 6 > 5, some waited (each client alone fits)
+    runs = [_client(0, 3, 0.01), _client(0, 3, 0.01)]
+    check = lab9.rate_check(_sat_point(runs, 0.6, 60), max_num_seqs=5)
+    assert check["engine_decode_tok_s"] is None and check["client_decode_tok_s"] is None
+    assert check["agree"] is None
+    assert lab9.rate_check(_sat_point(runs, 0.6, 60, preemptions=1), max_num_seqs=8)["agree"] is None
+
+
+def test_rate_verdict_says_not_recorded_for_points_saved_before_the_check():
+    assert lab9.rate_verdict({"saturated": {"runs": []}}) == "not recorded"
+    point = _sat_point([_client(0, 3, 0.020)], 0.3, 30)
+    point["saturated"]["rate_check"] = lab9.rate_check(point, max_num_seqs=6)
+    assert lab9.rate_verdict(point) == "differ: client 150 vs engine 300 tok/s (0.50; +-10%)"
+
+
+# --------------------------------------------------------------------------- distinct prompts across clients
+QWEN3 = {"vocab_size": 151936, "num_special_ids": 3, "input_len": 512, "output_len": 128}   # tiny_model's tokenizer
+
+
+def test_prompt_starts_by_hand():
+    # vLLM draws input lengths, output lengths, then offsets from one default_rng(seed)
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    rng.integers(511, 512, size=4)
+    rng.integers(128, 129, size=4)
+    offsets = rng.integers(0, 151936, size=4)
+    expected = [(int(o) + i) % 151933 for i, o in enumerate(offsets)]
+    assert random_prompts.prompt_starts(5, 4, **QWEN3) == expected
+    # prompt i starts i positions after its offset, wrapped around the allowed ids
+    small = random_prompts.prompt_starts(0, 3, vocab_size=10, num_special_ids=3, input_len=4, output_len=1)
+    rng = np.random.default_rng(0)
+    rng.integers(3, 4, size=3)
+    rng.integers(1, 2, size=3)
+    assert small == [(int(o) + i) % 7 for i, o in enumerate(rng.integers(0, 10, size=3))]
+
+
+def test_repeated_starts_finds_a_shared_seed():
+    assert random_prompts.repeated_starts([(3, 5), (3, 5)], **QWEN3) == {
+        s: 2 for s in random_prompts.prompt_starts(3, 5, **QWEN3)}
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_the_gpu_profiles_clients_send_no_prompt_twice(servers):
+    from servebook.lab.profiles import LAB_PARAMS
+
+    w = LAB_PARAMS["gpu"]["l9"]
+    loads = [load for per_server in lab9.client_loads(w["num_prompts"], servers, w["bench_clients"])
+             for load in per_server]
+    assert len({seed for seed, _ in loads}) == len(loads) == servers * w["bench_clients"]
+    # the single-stream load (seed 100, replica 0) goes first: its prompts must not be hits either
+    loads.append((100, w["light_prompts"]))
+    dataset = dict(QWEN3, input_len=w["input_len"], output_len=w["output_len"])
+    assert random_prompts.repeated_starts(loads, **dataset) == {}

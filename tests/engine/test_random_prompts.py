@@ -97,3 +97,18 @@ def test_every_token_round_trips_through_decode_and_encode(probe):
     # alone and inside runs of consecutive ids (how RandomDataset decodes a prompt).
     assert set(probe["roundtrip_bad_single"]) <= ROLE_MARKERS
     assert probe["roundtrip_bad_runs"] == []
+
+
+def test_prompt_starts_match_vllms_random_dataset(probe):
+    """servebook.lab.random_prompts repeats vLLM's draws without vLLM (the unit tests use it to show that
+    Lab 9's benchmark clients, one seed each, send no prompt twice): the first token after BOS of each
+    prompt vLLM built must be the allowed id at the predicted start (allowed ids: every id but 0-2)."""
+    from servebook.lab.random_prompts import prompt_starts
+
+    starts = prompt_starts(SEED, NUM_PROMPTS, vocab_size=probe["vocab_size"],
+                           num_special_ids=len(probe["special_ids"]), input_len=INPUT_LEN, output_len=1,
+                           num_special_tokens_to_add=probe["num_special_tokens_to_add"])
+    firsts = [ids[1] for ids in probe["server_ids"]]
+    checked = [(s + 3, f) for s, f in zip(starts, firsts) if s + 3 not in ROLE_MARKERS]
+    assert len(checked) >= NUM_PROMPTS - 3
+    assert [f for _, f in checked] == [s for s, _ in checked]

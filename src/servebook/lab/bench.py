@@ -74,8 +74,10 @@ def run_bench(server: VllmServer, *, num_prompts: int, input_len: int, output_le
 
     Returns a dict with ``summary`` (:data:`SUMMARY_KEYS`), ``requests`` (one dict per request:
     ``input_len``, ``output_len``, ``ttft_s``, ``latency_s`` = TTFT + sum of inter-token gaps,
-    ``start_s`` relative to the first request), ``command``, ``wall_s`` and ``prefix_cache``
-    (:func:`prefix_cache_delta` over the load: ``/metrics`` is scraped just before and after it).
+    ``start_s`` relative to the first request), ``first_start_s`` (that first request's send
+    time, seconds on the host's monotonic clock), ``command``, ``wall_s`` and ``prefix_cache``
+    (:func:`prefix_cache_delta` over the load: ``/metrics`` is scraped just before and after it, so
+    it also counts other clients' requests to the same server in that time).
     Raises :class:`LabError` with the benchmark's own error line when it fails.
     """
     with tempfile.TemporaryDirectory(prefix="servebook-bench-") as tmp:
@@ -113,4 +115,7 @@ def summarise_bench(raw: dict, *, command: list[str] | None = None, wall_s: floa
             "ttft_s": ttft, "latency_s": ttft + sum(itls), "start_s": starts[i] - t_first,
         })
     return {"summary": {k: raw.get(k) for k in SUMMARY_KEYS}, "requests": requests,
-            "command": command, "wall_s": wall_s}
+            "command": command, "wall_s": wall_s,
+            # the first request's send time on the machine's monotonic clock (vLLM's perf_counter),
+            # so runs of several benchmark processes on one host can be put on one time line
+            "first_start_s": t_first if raw.get("start_times") else None}

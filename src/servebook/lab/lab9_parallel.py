@@ -12,10 +12,13 @@ measure. The run side:
   and single-stream TTFT/TPOT.
 * :func:`logged_capacity` — the calculator's block and token counts from a logged
   ``Available KV cache memory`` (exact arithmetic, unlike the budget).
-* :func:`split_prompts`, :func:`replica_envs`, :func:`running_replicas`, :func:`bench_replicas` —
-  two servers, one per GPU, and the same load split between them.
-* :func:`combine_bench_runs` — one summary over the replicas' requests (throughput over the longest
-  run, TTFT/TPOT over all requests).
+* :func:`split_prompts`, :func:`replica_envs`, :func:`running_replicas`, :func:`client_loads`,
+  :func:`bench_replicas` — two servers, one per GPU, and the same load split between them and,
+  per server, between several benchmark clients with distinct seeds.
+* :func:`combine_bench_runs` — one summary over the clients' and replicas' requests (throughput
+  over the span from the first start to the last end, TTFT/TPOT over all requests).
+* :func:`rate_check` — the clients' decode rate beside the engines' own, and whether they agree
+  within :data:`RATE_TOLERANCE` (the lab saves it in every saturation point).
 * :func:`allreduce_rows` — recorded TP=1 and TP=2 decode step times side by side with the
   performance model's all-reduce term.
 
@@ -38,8 +41,10 @@ to one ``vllm serve`` per replica. Two readings of its speed are kept apart:
   per second while it decodes.
 
 When the client's time per token is several times the engine's, the tokens were made faster than
-they were delivered: the HTTP path (one API server process and one benchmark client per server)
-set the measured throughput, not the GPUs.
+they were delivered: the HTTP path (one API server process and one benchmark client per server in
+the 2026-11-30 recordings) set the measured throughput, not the GPUs. The lab now gives each server
+``api_server_count`` API processes (``--api-server-count``) and ``bench_clients`` benchmark clients
+(profile parameters) and records :func:`rate_check` with every saturation point.
 
 Units: ``*_bytes`` bytes, ``*_tokens`` tokens, ``*_s`` seconds, ``*_ms`` milliseconds, ``*_tok_s``
 tokens/s, GiB where a key says so.
@@ -270,18 +275,52 @@ def _each_in_a_thread(work, n: int) -> list:
     return results
 
 
-def bench_replicas(servers: Sequence, *, num_prompts: int, seed: int = 0, **bench_kwargs) -> list[dict]:
-    """Run :func:`servebook.lab.run_bench` on every server at once, ``num_prompts`` split between them.
+def client_seeds(seed: int, servers: int, clients: int) -> list[list[int]]:
+    """``--seed`` of each benchmark client, per server: server ``i``'s client ``c`` gets
+    ``seed + i * clients + c`` (one client per server: ``seed + i``, as before clients were split).
 
-    Replica ``i`` gets seed ``seed + i`` (distinct prompts). Extra keyword arguments go to every
-    ``run_bench`` call unchanged — so a request rate or concurrency cap given here applies to
-    *each* replica: halve it to offer the same total load. Returns the runs in replica order.
+    >>> client_seeds(0, 2, 3)
+    [[0, 1, 2], [3, 4, 5]]
+    """
+    if servers < 1 or clients < 1:
+        raise LabError(f"{servers} servers with {clients} clients each: use at least one of each")
+    return [[seed + i * clients + c for c in range(clients)] for i in range(servers)]
+
+
+def client_loads(num_prompts: int, servers: int, clients: int, seed: int = 0) -> list[list[tuple[int, int]]]:
+    """``(seed, requests)`` of each benchmark client, per server: the requests split evenly over the
+    servers (:func:`split_prompts`), each server's share evenly over its clients.
+
+    >>> client_loads(10, 2, 2, seed=7)
+    [[(7, 3), (8, 2)], [(9, 3), (10, 2)]]
+    """
+    seeds = client_seeds(seed, servers, clients)
+    return [list(zip(seeds[i], split_prompts(n, clients)))
+            for i, n in enumerate(split_prompts(num_prompts, servers))]
+
+
+def bench_replicas(servers: Sequence, *, num_prompts: int, seed: int = 0, clients_per_server: int = 1,
+                   **bench_kwargs) -> list[dict]:
+    """Run :func:`servebook.lab.run_bench` ``clients_per_server`` times on every server, all at once.
+
+    ``num_prompts`` is split as :func:`client_loads` says, each client with its own seed, so no two
+    clients send the same random prompts (:mod:`servebook.lab.random_prompts` checks the starts).
+    Extra keyword arguments go to every ``run_bench`` call unchanged — so a request rate or
+    concurrency cap given here applies to *each* client: divide it to offer the same total load.
+    Returns the runs in (server, client) order, each with ``server_index`` and ``client_index``.
     """
     from servebook.lab.bench import run_bench
 
-    counts = split_prompts(num_prompts, len(servers))
-    return _each_in_a_thread(
-        lambda i: run_bench(servers[i], num_prompts=counts[i], seed=seed + i, **bench_kwargs), len(servers))
+    jobs = [(i, c, s, n) for i, per_server in enumerate(client_loads(num_prompts, len(servers), clients_per_server,
+                                                                      seed))
+            for c, (s, n) in enumerate(per_server)]
+
+    def one(k: int) -> dict:
+        i, c, s, n = jobs[k]
+        run = run_bench(servers[i], num_prompts=n, seed=s, **bench_kwargs)
+        return dict(run, server_index=i, client_index=c)
+
+    return _each_in_a_thread(one, len(jobs))
 
 
 # ----------------------------------------------------------------------------- combined results
@@ -293,20 +332,35 @@ def request_tpot_s(request: dict) -> float | None:
     return (request["latency_s"] - request["ttft_s"]) / (n - 1)
 
 
-def combine_bench_runs(runs: Sequence[dict]) -> dict:
-    """One summary over runs made at the same time against different replicas.
+def run_span_s(runs: Sequence[dict]) -> float:
+    """Seconds from the first run's start to the last run's end, for runs made at the same time.
 
-    ``duration_s`` is the longest run's (they started together, so the job ends with it);
-    ``output_throughput`` = all output tokens / ``duration_s`` (tokens/s), likewise
-    ``request_throughput`` (requests/s); TTFT and TPOT statistics are over every request of every
-    run (milliseconds; percentiles by linear interpolation, as ``numpy.percentile``).
+    A run covers ``[first_start_s, first_start_s + duration]`` (``first_start_s`` on the host's
+    monotonic clock, :func:`servebook.lab.bench.run_bench`); the span is the union of those
+    intervals' extent. Runs recorded without ``first_start_s`` (before clients were split) are
+    taken to have started together: the span is the longest duration.
+    """
+    durations = [float(run["summary"]["duration"]) for run in runs]
+    starts = [run.get("first_start_s") for run in runs]
+    if any(start is None for start in starts):
+        return max(durations)
+    return max(start + d for start, d in zip(starts, durations)) - min(starts)
+
+
+def combine_bench_runs(runs: Sequence[dict]) -> dict:
+    """One summary over runs made at the same time: several clients, several replicas, or both.
+
+    ``duration_s`` is :func:`run_span_s` (first start to last end); ``output_throughput`` = all
+    output tokens / ``duration_s`` (tokens/s), likewise ``request_throughput`` (requests/s); TTFT
+    and TPOT statistics are over every request of every run (milliseconds; percentiles by linear
+    interpolation, as ``numpy.percentile``).
     """
     if not runs:
         raise LabError("no benchmark runs to combine")
     requests = [r for run in runs for r in run["requests"]]
     if not requests:
         raise LabError("the runs hold no requests")
-    duration = max(float(run["summary"]["duration"]) for run in runs)
+    duration = run_span_s(runs)
     if not duration > 0:
         raise LabError(f"benchmark duration {duration!r} is not positive")
     ttft_ms = np.array([r["ttft_s"] for r in requests]) * 1e3
@@ -342,6 +396,22 @@ def mean_engine_itl_s(metrics_delta: dict) -> float | None:
     return metrics_delta["vllm:inter_token_latency_seconds_sum"] / count if count else None
 
 
+def requests_per_server(runs: Sequence[dict]) -> list[int]:
+    """Requests each server received over a load's runs (a run's ``server_index``; a run recorded
+    without one, before clients were split, is a server of its own)."""
+    counts: dict[int, int] = {}
+    for position, run in enumerate(runs):
+        key = run.get("server_index", position)
+        counts[key] = counts.get(key, 0) + len(run["requests"])
+    return [counts[k] for k in sorted(counts)]
+
+
+def _all_decode_at_once(point: dict, max_num_seqs: int) -> bool:
+    runs = point["saturated"]["runs"]
+    return (not point["metrics_delta"].get("vllm:num_preemptions")
+            and all(n <= max_num_seqs for n in requests_per_server(runs)))
+
+
 def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
     """Tokens/s the engine(s) emitted while every request of the saturation load decoded at once.
 
@@ -350,13 +420,60 @@ def engine_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
     None when the condition does not hold (more requests per engine than ``max_num_seqs``, or a
     preemption), or the counters are missing.
     """
-    runs = point["saturated"]["runs"]
     mean_itl_s = mean_engine_itl_s(point["metrics_delta"])
-    if mean_itl_s is None or point["metrics_delta"].get("vllm:num_preemptions"):
+    if mean_itl_s is None or not _all_decode_at_once(point, max_num_seqs):
         return None
-    if any(len(run["requests"]) > max_num_seqs for run in runs):
+    return sum(len(run["requests"]) for run in point["saturated"]["runs"]) / mean_itl_s
+
+
+def client_decode_tok_s(point: dict, max_num_seqs: int) -> float | None:
+    """Tokens/s the clients received while every request decoded at once: ``requests / mean TPOT``.
+
+    The client's counterpart of :func:`engine_decode_tok_s` (the same requests, each request's time
+    per output token after the first as the benchmark clients timed it). Not the benchmark's
+    ``output_throughput``: that divides by the whole run, prefills and ramp included, so it stays
+    below the decode rate even when the HTTP path keeps up. None under the same conditions.
+    """
+    runs = point["saturated"]["runs"]
+    tpots = [t for run in runs for t in map(request_tpot_s, run["requests"]) if t is not None]
+    if not tpots or not _all_decode_at_once(point, max_num_seqs):
         return None
-    return sum(len(run["requests"]) for run in runs) / mean_itl_s
+    return sum(len(run["requests"]) for run in runs) / (sum(tpots) / len(tpots))
+
+
+#: How far the clients' token rate may fall from the engines' and still measure the engines
+#: (issue 26: "within 10%").
+RATE_TOLERANCE = 0.10
+
+
+def rate_check(point: dict, max_num_seqs: int, tolerance: float = RATE_TOLERANCE) -> dict:
+    """Did the saturation load measure the engines? The clients' decode rate beside the engines'.
+
+    Returns ``client_decode_tok_s`` (:func:`client_decode_tok_s`), ``engine_decode_tok_s``
+    (:func:`engine_decode_tok_s`), ``client_over_engine`` (their ratio), ``tolerance`` and
+    ``agree``: True when ``|client / engine - 1| <= tolerance``, False when not, None when either
+    rate is undefined (then nothing was shown either way). Also ``servers`` and ``clients``
+    (benchmark runs) of the load. Tokens/s.
+    """
+    client, engine = client_decode_tok_s(point, max_num_seqs), engine_decode_tok_s(point, max_num_seqs)
+    ratio = None if client is None or engine is None else client / engine
+    runs = point["saturated"]["runs"]
+    return {"client_decode_tok_s": client, "engine_decode_tok_s": engine, "client_over_engine": ratio,
+            "tolerance": tolerance, "agree": None if ratio is None else abs(ratio - 1) <= tolerance,
+            "servers": len(requests_per_server(runs)), "clients": len(runs)}
+
+
+def rate_verdict(point: dict) -> str:
+    """The saved :func:`rate_check` of a saturation point in words; ``"not recorded"`` for a point
+    saved before the lab made the check (the recorded 2026-11-30 files)."""
+    check = point.get("saturated", {}).get("rate_check")
+    if check is None:
+        return "not recorded"
+    if check["agree"] is None:
+        return "undefined (not every request decoded at once)"
+    word = "agree" if check["agree"] else "differ"
+    return (f"{word}: client {check['client_decode_tok_s']:,.0f} vs engine {check['engine_decode_tok_s']:,.0f} "
+            f"tok/s ({check['client_over_engine']:.2f}; +-{check['tolerance']:.0%})")
 
 
 # ----------------------------------------------------------------------------- all-reduce
@@ -527,7 +644,8 @@ def saturated_prefix_hit_pct(point: dict) -> float | None:
 
 
 def saturation_rows(view: dict) -> list[dict]:
-    """Per configuration: client throughput and time per token beside the engine's, and prefix hits."""
+    """Per configuration: client throughput and time per token beside the engine's, prefix hits, and
+    the saved client-vs-engine verdict (:func:`rate_verdict`: "not recorded" for older files)."""
     w = view["measurements"]["workload"]
     rows = []
     for p in view["measurements"]["points"]:
@@ -536,13 +654,14 @@ def saturation_rows(view: dict) -> list[dict]:
         itl_ms = None if itl_s is None else itl_s * 1e3
         engine = engine_decode_tok_s(p, w["max_num_seqs"])
         rows.append({
-            "config": p["config"], "servers": len(p["saturated"]["runs"]),
+            "config": p["config"], "servers": len(requests_per_server(p["saturated"]["runs"])),
             "client out tok/s": round(sat["output_throughput"]),
             "client TPOT ms": round(sat["mean_tpot_ms"], 1),
             "engine ITL ms": None if itl_ms is None else round(itl_ms, 1),
             "client/engine": None if itl_ms is None else round(sat["mean_tpot_ms"] / itl_ms, 2),
             "engine decode tok/s": None if engine is None else round(engine),
             "prefix hits % (log)": saturated_prefix_hit_pct(p),
+            "client vs engine": rate_verdict(p),
         })
     return rows
 

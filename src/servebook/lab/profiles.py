@@ -84,6 +84,8 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
                "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
                "expert_parallel": True,
+               # no engine starts here, so these cost no CI time; 2 clients keep the split path named
+               "api_server_count": 1, "bench_clients": 2,
                "time_budget_s": 0, "config_time_s": 0, "startup_timeout_s": 0},
     },
     "gpu": {
@@ -145,6 +147,15 @@ LAB_PARAMS: dict[str, dict[str, dict]] = {
                "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "enforce_eager": False,
                "num_prompts": 256, "input_len": 512, "output_len": 128, "light_prompts": 8, "light_output_len": 32,
                "expert_parallel": True,
+               # Per server: API processes (--api-server-count) and concurrent `vllm bench serve`
+               # clients, each client with its own seed (lab9_parallel.client_loads). The 2026-11-30
+               # runs had one of each per server; the slowest such pair delivered 256 requests / 101.9
+               # ms client TPOT = 2,512 tokens/s (Qwen3-32B TP=2) while the fastest engine emitted
+               # 15,094 (Qwen3-30B-A3B TP=2+EP, 256 / 17.0 ms ITL): 6.0 pairs' worth, so 6 of each.
+               # CPU: DP=2 then runs 2 x (6 API + 1 engine core) + 12 clients = 26 busy processes on
+               # the 32 cores of the 2xH200 kind. With 6 clients, seeds 0-11 send no repeated prompt
+               # (tests/test_lab_parallel_units.py); 1 client per server repeated one.
+               "api_server_count": 6, "bench_clients": 6,
                "time_budget_s": 540, "config_time_s": 110, "startup_timeout_s": 300},
     },
 }
