@@ -462,3 +462,12 @@ def test_the_gpu_profiles_clients_send_no_prompt_twice(servers):
     loads.append((100, w["light_prompts"]))
     dataset = dict(QWEN3, input_len=w["input_len"], output_len=w["output_len"])
     assert random_prompts.repeated_starts(loads, **dataset) == {}
+
+
+def test_prefix_hits_from_the_metrics_counters():
+    point = _sat_point([], 0, 0)
+    assert lab9.metrics_prefix_hit_pct(point) is None                    # counters not scraped (2026-11-30)
+    point["metrics_delta"].update({"vllm:prefix_cache_queries": 131072.0, "vllm:prefix_cache_hits": 512.0})
+    assert lab9.metrics_prefix_hit_pct(point) == pytest.approx(100 * 512 / 131072)     # 0.39%
+    point["metrics_delta"]["vllm:prefix_cache_queries"] = 0.0
+    assert lab9.metrics_prefix_hit_pct(point) is None

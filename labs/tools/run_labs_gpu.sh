@@ -56,6 +56,17 @@
 # it measured. Files under $OUT: l9_tp_vs_dp_<model>_gpu.json (schema servebook.lab/1: GPUs,
 # driver, vLLM version, config hash, every engine's flags and full log, per-request timings, the
 # predictions) and l9_dense.log / l9_moe.log (the lab's printed output).
+# Since issue 26 every vllm serve runs LAB_PARAMS gpu l9 api_server_count API processes
+# (--api-server-count 6) and its share of the saturation load goes through bench_clients (6)
+# concurrent `vllm bench serve` clients, one seed each (no prompt sent twice). Each saturation point
+# then also records, per client, its runs (server_index, client_index, first_start_s) and
+# saturated.rate_check: the clients' decode rate (requests / mean client TPOT) beside the engines'
+# (requests / mean engine ITL) and whether they agree within 10%; metrics_delta holds the prefix
+# cache's /metrics counters (several API processes write no stats log line). Those files describe a
+# different load from the 2026-11-30 ones (the workload dict differs), and lab9_parallel.load_l9
+# refuses to merge the two: copy them beside the old ones only with the book change that reads them.
+# Start-up and bench times with 6+6 processes are not measured yet: the first run says whether the
+# 540 s budget still holds TP=1 and DP=2.
 # End-to-end jobs (issue 20; servebook.lab.e2e_job, plan in src/servebook/data/e2e_jobs.toml): install
 # vLLM 0.26.0 WITH the MoE payload (step 3 of shared/gpu/README.md: qwen3-30b-a3b, deepseek-v2-lite and
 # gpt-oss-20b need it), then one `run` call per target, each at once after the previous one:
@@ -126,7 +137,8 @@ Device time of each lab's `run` call, measured on 2026-11-30 (vLLM already insta
 
 Lab 9 needs 2x H200 (NVLink; kind nvidia-h200-x2), vLLM 0.26.0, random weights, CUDA graphs; per
 configuration an engine start, a warm-up, 8 single-stream requests (512 in / 32 out) and 256
-requests at once (512 in / 128 out). Measured on 2026-11-30: a configuration takes 139-243 s
+requests at once (512 in / 128 out; since issue 26: 6 API processes per vllm serve and 6 bench
+clients per server, times below are from before that). Measured on 2026-11-30: a configuration takes 139-243 s
 (start 77-164 s with torch.compile; each `vllm bench serve` launch ~25 s of imports), so the lab's
 540 s budget holds TP=1 and DP=2 and skips the rest, saying so. Measure the rest in a second call:
   l9-dense  Qwen3-32B      TP=1, DP=2  390 s;  SERVEBOOK_LAB_L9_CONFIGS=TP=2 ... l9-dense   250 s

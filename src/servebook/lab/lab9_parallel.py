@@ -643,9 +643,24 @@ def saturated_prefix_hit_pct(point: dict) -> float | None:
     return logged_prefix_hit_pct(point["logs"])
 
 
+def metrics_prefix_hit_pct(point: dict) -> float | None:
+    """Prefix-cache hits over the saturation load (%), from the ``/metrics`` counters' growth summed over
+    the servers (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``, in prompt tokens).
+
+    The reading that survives several API servers: vLLM 0.27.1 turns its periodic stats log off when
+    ``--api-server-count`` is above 1, so :func:`saturated_prefix_hit_pct` finds no line then. None
+    when the point has no such counters (the 2026-11-30 files) or nothing was looked up.
+    """
+    queries = point["metrics_delta"].get("vllm:prefix_cache_queries")
+    if not queries:
+        return None
+    return 100 * point["metrics_delta"]["vllm:prefix_cache_hits"] / queries
+
+
 def saturation_rows(view: dict) -> list[dict]:
-    """Per configuration: client throughput and time per token beside the engine's, prefix hits, and
-    the saved client-vs-engine verdict (:func:`rate_verdict`: "not recorded" for older files)."""
+    """Per configuration: client throughput and time per token beside the engine's, prefix hits (engine
+    log and ``/metrics``), and the saved client-vs-engine verdict (:func:`rate_verdict`: "not
+    recorded" for older files)."""
     w = view["measurements"]["workload"]
     rows = []
     for p in view["measurements"]["points"]:
@@ -661,6 +676,7 @@ def saturation_rows(view: dict) -> list[dict]:
             "client/engine": None if itl_ms is None else round(sat["mean_tpot_ms"] / itl_ms, 2),
             "engine decode tok/s": None if engine is None else round(engine),
             "prefix hits % (log)": saturated_prefix_hit_pct(p),
+            "prefix hits % (/metrics)": None if (hit := metrics_prefix_hit_pct(p)) is None else round(hit, 1),
             "client vs engine": rate_verdict(p),
         })
     return rows
