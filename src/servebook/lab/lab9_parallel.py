@@ -454,6 +454,11 @@ def rate_check(point: dict, max_num_seqs: int, tolerance: float = RATE_TOLERANCE
     ``agree``: True when ``|client / engine - 1| <= tolerance``, False when not, None when either
     rate is undefined (then nothing was shown either way). Also ``servers`` and ``clients``
     (benchmark runs) of the load. Tokens/s.
+
+    Both rates divide the same request count, so the ratio is the engines' mean ITL over the clients'
+    mean TPOT: it still compares like with like when the clients did not start at the same moment.
+    (The engine's mean is over gaps, the clients' over requests: equal weights when every request has
+    the same output length, as with the lab's ``--ignore-eos`` and range ratio 0.)
     """
     client, engine = client_decode_tok_s(point, max_num_seqs), engine_decode_tok_s(point, max_num_seqs)
     ratio = None if client is None or engine is None else client / engine
