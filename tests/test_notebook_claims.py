@@ -66,6 +66,14 @@ from servebook.startup_log import read_startup_log
 
 GIB = 2**30
 
+
+def _calibrated(gpu_name: str):
+    """A notebook's set-up: the catalogue GPU and its shipped step-time coefficients."""
+    gpu = gpu_numbers(gpu_name)
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    return gpu, coeffs
+
+
 # ---- notebooks/memory_budget.md ---------------------------------------------------------------------
 GEMMA4 = ("gemma-4-31b", "gemma-4-26b-a4b")
 GEMMA4_CONTEXTS = (16384, 32768)
@@ -460,8 +468,7 @@ MOE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 @pytest.fixture(scope="module")
 def moe_dense():
     """The notebook's first cell: Gemma 4 26B-A4B and 31B on one H200, calibrated coefficients."""
-    gpu = gpu_numbers("h200")
-    coeffs, _ = calibrated_coefficients(gpu.name)
+    gpu, coeffs = _calibrated("h200")
     return load_model_spec("gemma-4-26b-a4b"), load_model_spec("gemma-4-31b"), gpu, coeffs
 
 
@@ -509,8 +516,7 @@ CHUNK_TARGET_S = 0.050
 @pytest.fixture(scope="module")
 def chunk_h100():
     """The notebook's first cell: Gemma 4 31B on the H100's calibrated coefficients."""
-    h100 = gpu_numbers("h100")
-    coeffs, _ = calibrated_coefficients(h100.name)
+    h100, coeffs = _calibrated("h100")
     return load_model_spec("gemma-4-31b"), h100, coeffs
 
 
@@ -570,8 +576,7 @@ PD_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 @pytest.fixture(scope="module")
 def llama_h200():
     """The notebook's first cell: Llama 3.1 8B on the H200's calibrated coefficients."""
-    gpu = gpu_numbers("h200")
-    coeffs, _ = calibrated_coefficients(gpu.name)
+    gpu, coeffs = _calibrated("h200")
     return load_model_spec("llama-3.1-8b"), gpu, coeffs
 
 
@@ -622,8 +627,7 @@ HAND_WRITTEN_SCHEDULE = [[1, 8, 5], [9, 24, 3], [25, 64, 1], [65, 512, 0]]
 @pytest.fixture(scope="module")
 def speculation_setup():
     """The notebook's set-up: Llama 3.1 8B on the H200, an n-gram and a 1B draft-model drafter."""
-    gpu = gpu_numbers("h200")
-    coeffs, _ = calibrated_coefficients(gpu.name)
+    gpu, coeffs = _calibrated("h200")
     drafters = {"ngram": Drafter("ngram"),
                 "draft_model": Drafter("draft_model", load_model_spec(LLAMA_3_2_1B, name="llama-3.2-1b"))}
     return load_model_spec("llama-3.1-8b"), gpu, coeffs, drafters
@@ -665,8 +669,7 @@ FLEET_IN, FLEET_OUT, FLEET_REQUESTS = 12_000, 3_000, 10_000_000
 @pytest.fixture(scope="module")
 def fleet_job():
     """The notebook's job: ten million requests of 12,000 tokens in and 3,000 out, on H100s."""
-    gpu = gpu_numbers("h100")
-    coeffs, _ = calibrated_coefficients(gpu.name)
+    gpu, coeffs = _calibrated("h100")
     job = Workload(FLEET_REQUESTS, LengthDistribution.fixed(FLEET_IN), LengthDistribution.fixed(FLEET_OUT))
     return job, gpu, coeffs
 
