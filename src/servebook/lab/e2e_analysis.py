@@ -73,6 +73,8 @@ def _catalogue_gpu(doc: dict, gpu: str | None) -> tuple[str, str]:
 def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:
     """One row per measured job of a record: fleet's prediction, the measurement, the steady state.
 
+    ``moe`` says whether the model's config has routed experts (from the config, not the plan's label).
+
     With ``detail`` also ``servebook fleet --finite-job`` (``finite_s``, ``finite_error``: measured /
     predicted seconds - 1, i.e. predicted / measured output tokens/s - 1), the simulator's replay of
     the job's own requests (``simulated_s``, ``sim_error``: its
@@ -80,9 +82,11 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
     (``step_error_decode``, ``step_error_mixed``, ``step_error``: predicted / measured step seconds
     - 1; ``outside_steps_s``).
     """
+    from servebook.hf_config import load_model_spec
     from servebook.lab.e2e_plan import predict
 
     g, where = _catalogue_gpu(doc, gpu)
+    moe = load_model_spec(doc["config"], name=doc["model_id"]).moe is not None
     rows = []
     for job in doc["jobs"]:
         if "wall_s" not in job:
@@ -92,7 +96,7 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
         measured = job["output_tokens"] / job["wall_s"]
         steady = steady_state(job)
         row = {
-            "model": doc["model_id"], "kind": doc.get("kind", ""), "job": job["name"],
+            "model": doc["model_id"], "kind": doc.get("kind", ""), "moe": moe, "job": job["name"],
             "group": "fitted" if doc["model_id"] in fitted else "held out", "gpu": g, "gpu_source": where,
             "vllm_version": doc.get("vllm_version"), "requests": job["requests"],
             "mean_input": statistics.fmean(cols["prompt_tokens"]), "mean_output": statistics.fmean(cols["output_tokens"]),
