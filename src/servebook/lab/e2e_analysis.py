@@ -169,9 +169,11 @@ def _step_model(doc: dict, gpu: str):
     flags = doc["engine_args"]
     g = gpu_numbers(gpu)
     coeffs, _ = calibrated_coefficients(g.name)
-    return perf_step_time(load_model_spec(doc["config"], name=doc["model_id"]), g, coeffs,
+    spec = load_model_spec(doc["config"], name=doc["model_id"])
+    return perf_step_time(spec, g, coeffs,
                           cudagraph_max_tokens=cudagraph_max_tokens(int(flags["max_num_seqs"]),
-                                                                    int(flags["max_num_batched_tokens"])))
+                                                                    int(flags["max_num_batched_tokens"]),
+                                                                    architecture=spec.architecture))
 
 
 def priced_steps(doc: dict, job: dict, *, gpu: str | None = None) -> dict | None:

@@ -53,7 +53,8 @@ def finite_job_seconds(workload, d, coeffs, steady=None) -> dict:
     longest = int(workload.input_tokens.max + workload.output_tokens.max) + 1
     config = SchedulerConfig(num_blocks=max(1, int(p.kv_budget_bytes_per_gpu // block_bytes)), max_num_seqs=d.max_num_seqs,
                              max_num_batched_tokens=d.max_num_batched_tokens, max_model_len=longest)
-    graph = d.cudagraph_max_tokens or cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens)
+    graph = d.cudagraph_max_tokens or cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens,
+                                                           architecture=d.spec.architecture)
     step = perf_step_time(d.spec, d.gpu, coeffs, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype, cudagraph_max_tokens=graph)
     replay = simulate(_replay_requests(workload, n), config, step).summary()["makespan_s"]
     steady_s = p.hours * 3600

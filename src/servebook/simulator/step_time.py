@@ -297,5 +297,6 @@ def perf_step_time_for(config: str, gpu: str, *, tp: int = 1, kv_cache_dtype: st
     if tp > 1 and not coeffs.tp_calibrated:
         where += "; TP all-reduce not calibrated (bandwidth term at peak link speed only, a lower bound)"
     model = perf_step_time(spec, g, coeffs, tp=tp, kv_cache_dtype=kv_cache_dtype,
-                           cudagraph_max_tokens=cudagraph_max_tokens(max_num_seqs, max_num_batched_tokens))
+                           cudagraph_max_tokens=cudagraph_max_tokens(max_num_seqs, max_num_batched_tokens,
+                                                                     architecture=spec.architecture))
     return model, where
