@@ -544,12 +544,15 @@ def test_chunk_budget_recommendation_obeys_its_target_and_is_a_power_of_two(chun
 
 
 def test_chunk_budget_inverse_model_lands_near_measured_long_prefills():
-    """Checked against measurement: for prompts of 2,048 tokens or more (compute dominates) the
+    """Checked against measurement: apart from the MoE's eager steps of 1,024-4,096 tokens (all the
+    same time: the host launch floor), for prompts of 2,048 tokens or more (compute dominates) the
     tokens the model fits in the measured step are within 25% of those the engine prefilled."""
     points, specs = load_measurements()
     checked = 0
     for p in points:
         if p.phase != "prefill" or p.prompt_tokens < 2048:
+            continue
+        if specs[p.model_id].moe is not None and p.prompt_tokens <= 4096:
             continue
         c, _ = calibrated_coefficients(p.gpu)
         n = prefill_tokens_within(specs[p.model_id], gpu_numbers(p.gpu), c,

@@ -68,7 +68,7 @@ def _array_terms(spec, tp, cg, coeffs, works):
                         expert_flops=col("expert_flops"), expert_rows=W.tokens_per_touched_expert(spec, tokens),
                         layers=np.full(len(works), spec.num_layers),
                         moe_layers=np.full(len(works), len(spec.moe.moe_layer_indices) if spec.moe else 0),
-                        eager=tokens > cg)
+                        eager=tokens > cg, piecewise=tokens - col("sampled_tokens") >= 0.5)
 
 
 @pytest.mark.parametrize("model,tp,dtype,cg,coeffs", CASES, ids=[f"{m}-tp{t}-{d}-cg{g}" for m, t, d, g, _ in CASES])

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
+from servebook.perf import calibrate_steps
 from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
@@ -63,6 +64,7 @@ SPLIT_RULE = (
 )
 
 DEFAULT_RESULTS_DIR = results_path("step_timing")
+DEFAULT_E2E_DIR = results_path("e2e")
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,9 @@ def points_of(record: dict, file: str = "") -> list[Point]:
                   kv_cache_dtype=str(ea.get("kv_cache_dtype") or "auto"),
                   max_num_batched_tokens=budget,
                   cudagraph_max_tokens=cudagraph_max_tokens(int(ea.get("max_num_seqs") or 256), budget,
-                                                            enforce_eager=bool(ea.get("enforce_eager"))))
+                                                            enforce_eager=bool(ea.get("enforce_eager")),
+                                                            architecture=(record["model"]["config"].get("architectures")
+                                                                          or [None])[0]))
     out = []
     dec = record["decode"]
     rb, rp = _ranks(d["batch"] for d in dec), _ranks(d["prompt_tokens"] for d in dec)
@@ -227,7 +231,7 @@ class _Features:
         self.gpu = gpu
         rows: dict[str, list] = {k: [] for k in ("point", "weights", "experts", "tokens", "sequences", "linear",
                                                   "kv", "attn", "allreduces", "arbytes", "tp", "eflops",
-                                                  "erows", "layers", "moe_layers", "eager")}
+                                                  "erows", "layers", "moe_layers", "eager", "piecewise")}
         for i, pt in enumerate(points):
             spec = specs[pt.model_id]
             if pt.phase == "decode":
@@ -253,6 +257,7 @@ class _Features:
                 rows["layers"].append(spec.num_layers)
                 rows["moe_layers"].append(len(spec.moe.moe_layer_indices) if spec.moe else 0)
                 rows["eager"].append(w.tokens > pt.cudagraph_max_tokens)
+                rows["piecewise"].append(w.tokens - w.sampled_tokens >= 0.5)
         self.rows = {k: np.asarray(v, dtype=float) for k, v in rows.items()}
         self.n_points = len(points)
         self.is_prefill = np.array([p.phase == "prefill" for p in points])
@@ -268,7 +273,8 @@ class _Features:
                              kv_read_bytes=r["kv"][m], attention_flops=r["attn"][m],
                              allreduces=r["allreduces"][m], allreduce_bytes_each=r["arbytes"][m], tp=int(tp),
                              expert_flops=r["eflops"][m], expert_rows=r["erows"][m], layers=r["layers"][m],
-                             moe_layers=r["moe_layers"][m], eager=r["eager"][m] > 0)
+                             moe_layers=r["moe_layers"][m], eager=r["eager"][m] > 0,
+                             piecewise=r["piecewise"][m] > 0)
             np.add.at(total, r["point"][m].astype(int), t["step_s"])
         return total + np.where(self.is_prefill, c.request_overhead_s, 0.0)
 
@@ -341,8 +347,22 @@ def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = 
 # ---------------------------------------------------------------------------
 # The whole pipeline
 
-def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> dict:
-    """Fit every GPU found under ``results_dir``; return the calibration record (not written)."""
+def _e2e_records(e2e_dir, split) -> tuple[list[dict], list[Path], list[str]]:
+    """The end-to-end records under ``e2e_dir`` (none when it is None or holds none) and the fitted models."""
+    if e2e_dir is None or not Path(e2e_dir).is_dir():
+        return [], [], []
+    paths = sorted(Path(e2e_dir).glob("e2e_*.json"))
+    return [json.loads(p.read_text()) for p in paths], paths, calibrate_steps.fitted_models(split)
+
+
+def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path | None = DEFAULT_E2E_DIR,
+              split: str | Path | None = None) -> dict:
+    """Fit every GPU found under ``results_dir``; return the calibration record (not written).
+
+    With end-to-end records under ``e2e_dir`` (None: none), the second stage
+    (:mod:`servebook.perf.calibrate_steps`) then fits the host terms on the jobs of the models
+    ``split`` (default ``perf/data/e2e_split.json``) names as fitted.
+    """
     root = Path(results_dir)
     files = sorted(root.glob("*.json")) if root.exists() else []
     if not files:
@@ -366,20 +386,37 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> dict:
               "split_rule": SPLIT_RULE, "measured_value": "fastest recorded sample (see measured_value)",
               "goals": GOALS, "sources": sources,
               "coefficients": {}, "heldout_mape": {}, "calibration_mape": {}}
+    e2e_docs, e2e_paths, fitted = _e2e_records(e2e_dir, split)
+    if e2e_docs:
+        record["stage2"] = {"fits": list(calibrate_steps.FITTED), "split": str(split or calibrate_steps.SPLIT_PATH.name),
+                            "fitted_on": fitted, "sources": calibrate_steps.e2e_sources(e2e_paths, fitted, checkout_root()),
+                            "rule": calibrate_steps.__doc__.split("\n\n")[0], "report": {}}
     for gpu_name, pts in by_gpu.items():
-        report = evaluate(pts, specs, gpu_name)
+        report = evaluate(pts, specs, gpu_name, e2e_docs=[d for d in e2e_docs if catalogue_gpu_name(
+            (d.get("gpu") or {}).get("name", "")) == gpu_name], fitted=fitted)
+        if "stage2" in report:
+            record["stage2"]["report"][gpu_name] = report["stage2"]
         record["coefficients"][gpu_name] = report["coefficients"].to_dict()
         record["heldout_mape"][gpu_name] = report["heldout_mape"]
         record["calibration_mape"][gpu_name] = report["calibration_mape"]
     return record
 
 
-def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu) -> dict:
-    """Fit on the calibration points, then MAPE on calibration and held-out points, by phase and model."""
+def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs: list[dict] | None = None,
+             fitted: list[str] | None = None) -> dict:
+    """Fit on the calibration points, then MAPE on calibration and held-out points, by phase and model.
+
+    With ``e2e_docs`` holding steps of the ``fitted`` models, the second stage refits the host terms
+    (:func:`servebook.perf.calibrate_steps.fit_host_terms`) before the errors are computed; its
+    report is under ``stage2``.
+    """
     g = gpu_numbers(gpu)
     calib = [p for p in points if not p.heldout]
     held = [p for p in points if p.heldout]
     coeffs = fit(calib, specs, g, source="servebook.perf.calibrate")
+    stage2 = None
+    if e2e_docs and fitted and any(d["model_id"] in fitted for d in e2e_docs):
+        coeffs, stage2 = calibrate_steps.fit_host_terms(coeffs, _Features(calib, specs, g), e2e_docs, fitted, g)
 
     def errors(pts):
         if not pts:
@@ -405,7 +442,10 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu) -> dict:
                          for p, q in zip(pts, pred)]
         return out
 
-    return {"coefficients": coeffs, "calibration_mape": errors(calib), "heldout_mape": errors(held)}
+    out = {"coefficients": coeffs, "calibration_mape": errors(calib), "heldout_mape": errors(held)}
+    if stage2:
+        out["stage2"] = stage2
+    return out
 
 
 def predict_points(points: list[Point], specs: dict[str, ModelSpec], gpu, coeffs: Coefficients) -> np.ndarray:
@@ -447,11 +487,14 @@ def synthetic_record(spec: ModelSpec, gpu: GPUNumbers, coeffs: Coefficients, *, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m servebook.perf.calibrate", description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=str(DEFAULT_RESULTS_DIR), help="directory of step-timing *.json")
+    ap.add_argument("--e2e", default=str(DEFAULT_E2E_DIR),
+                    help="directory of end-to-end job records (e2e_*.json) for the second stage")
+    ap.add_argument("--split", default=None, help="JSON whose 'fitted_on' names the models the second stage may use")
     ap.add_argument("--out", default=str(CALIBRATION_FILE), help="calibration record to write")
     ap.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
     args = ap.parse_args(argv)
     try:
-        record = calibrate(args.results)
+        record = calibrate(args.results, args.e2e, args.split)
     except ServebookError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2

@@ -12,11 +12,21 @@ kernel class, joined by a smooth maximum):
 ``                  linear_flops / (FLOPS x matmul_eff(tokens)))``
 ``      + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
 ``      + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
-``body_s = gpu_s`` for steps replayed as CUDA graphs (at most ``cudagraph_max_tokens``
-tokens), and ``smoothmax(gpu_s, eager_layer_s x layers + eager_moe_layer_s x MoE
-layers)`` for larger steps, which vLLM runs eagerly: the host must launch every
-kernel, and for small GPU work that launch time is the floor (measured: a
-Qwen3-30B-A3B prefill of 1,024-4,096 tokens takes the same ~85 ms).
+``body_s`` depends on how vLLM runs the step (``cudagraph_mode`` FULL_AND_PIECEWISE, its default):
+
+* a decode-only step of at most ``cudagraph_max_tokens`` tokens replays one full CUDA graph:
+  ``body_s = gpu_s``;
+* a step that carries a prefill chunk, of at most ``cudagraph_max_tokens`` tokens, replays
+  *piecewise* graphs with attention run eagerly between them: ``body_s = gpu_s +
+  piecewise_step_s`` (measured on the H200: such steps of Llama-3.1-8B took ~22 ms where
+  the decode-only steps beside them took ~17 ms);
+* a larger step runs eagerly, the host launching every kernel, and for small GPU work
+  that launch time is the floor: ``body_s = smoothmax(gpu_s, eager_layer_s x layers +
+  eager_moe_layer_s x MoE layers + eager_sequence_s x sequences)`` (measured: Llama-3.1-8B steps of 513-2,048 tokens
+  all took ~40 ms; a Qwen3-30B-A3B prefill of 1,024-4,096 tokens the same ~85 ms).
+
+A step carries a prefill chunk when it computes more tokens than it samples
+(``Work.tokens > Work.sampled_tokens``: a decoding sequence samples every token it computes).
 
 ``matmul_eff(rows) = peak_eff x rows / (rows + matmul_half_tokens)``: a GEMM
 with few rows (decode) cannot use the tensor cores as well as a prefill's
@@ -76,6 +86,9 @@ class Coefficients:
         per_moe_layer_overhead_s: extra fixed cost per MoE layer per step (routing, sorting), s.
         eager_layer_s: host time to launch one decoder layer's kernels in an eager step, s.
         eager_moe_layer_s: extra host time per MoE layer in an eager step, s.
+        eager_sequence_s: extra host time per sequence in an eager step, s.
+        piecewise_step_s: extra time of a step that carries a prefill chunk and runs under
+            piecewise CUDA graphs (attention launched eagerly), s.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
             measurement calibrated it (then 0 is used and results say so).
@@ -102,6 +115,8 @@ class Coefficients:
     per_moe_layer_overhead_s: float = 0.0
     eager_layer_s: float = 0.0
     eager_moe_layer_s: float = 0.0
+    eager_sequence_s: float = 0.0
+    piecewise_step_s: float = 0.0
     gpu: str = ""
     source: str = ""
 
@@ -162,11 +177,14 @@ class StepBreakdown:
 
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
-                 tp: int = 1, expert_flops=0.0, expert_rows=1.0, layers=0, moe_layers=0, eager=False) -> dict:
+                 tp: int = 1, expert_flops=0.0, expert_rows=1.0, layers=0, moe_layers=0, eager=False,
+                 piecewise=False) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
-    ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool). Needs numpy (calibration
+    ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool). ``eager``: the step runs
+    without CUDA graphs; ``piecewise``: it carries a prefill chunk and replays piecewise graphs
+    (ignored where ``eager``). Needs numpy (calibration
     and sweeps use it); :class:`StepPricer` prices one step in floats without it.
     """
     np = require_numpy("step_seconds (the step-time formula over arrays)")
@@ -177,12 +195,13 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
                          allreduce_bytes_each=np.asarray(allreduce_bytes_each), tp=tp,
                          expert_flops=np.asarray(expert_flops, dtype=float),
                          expert_rows=np.asarray(expert_rows, dtype=float), layers=np.asarray(layers, dtype=float),
-                         moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool))
+                         moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool),
+                         piecewise=np.asarray(piecewise, dtype=bool))
 
 
 def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences, linear_flops,
                   kv_read_bytes, attention_flops, allreduces, allreduce_bytes_each, tp: int, expert_flops,
-                  expert_rows, layers, moe_layers, eager) -> dict:
+                  expert_rows, layers, moe_layers, eager, piecewise=False) -> dict:
     """:func:`step_seconds` on float arrays, or on Python floats (then it returns floats).
 
     The one copy of the formula: :func:`step_seconds` gives it arrays, :class:`StepPricer`
@@ -210,9 +229,13 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     overhead_s = (c.step_overhead_s + c.per_sequence_overhead_s * sequences
                   + c.per_layer_overhead_s * layers + c.per_moe_layer_overhead_s * moe_layers)
     gpu_s = linear_s + attention_s + allreduce_s
-    host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers
+    host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers + c.eager_sequence_s * sequences
     # (a float step that is not eager skips the smooth maximum it would discard)
     body_s = gpu_s if eager is False else where(eager, _smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
+    if isinstance(piecewise, bool):  # one step in floats
+        body_s = body_s + (c.piecewise_step_s if piecewise and not eager else 0.0)
+    else:
+        body_s = body_s + where(piecewise & ~eager, c.piecewise_step_s, 0.0)
     return {"step_s": overhead_s + body_s, "overhead_s": overhead_s,
             "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
             "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
@@ -264,7 +287,8 @@ class StepPricer:
                     kv_read_bytes=float(kv_read_bytes), attention_flops=float(attention_flops),
                     allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
                     expert_flops=float(expert_flops), expert_rows=_tokens_per_touched_expert(spec, t),
-                    layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens)
+                    layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
+                    piecewise=t - float(sampled_tokens) >= 0.5)
         try:
             out = _step_seconds(self.gpu, self.coeffs, **args)
         except (ZeroDivisionError, OverflowError):  # e.g. a step of no tokens: numpy's inf/nan, as over arrays

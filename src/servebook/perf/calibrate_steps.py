@@ -1,0 +1,176 @@
+"""Calibration, second stage: what a step costs when vLLM does not replay it as one full CUDA graph.
+
+The first stage (:mod:`servebook.perf.calibrate`) fits the step-time coefficients to a sweep of pure
+decode steps and pure prefills. Two costs stay invisible there, and a real job is full of them:
+
+* a step that carries a prefill chunk beside decoding requests, of at most the largest CUDA-graph
+  size, replays *piecewise* graphs with attention launched eagerly between them
+  (``piecewise_step_s``, added to the step);
+* a larger step runs eagerly, the host launching every kernel; for moderate GPU work that launch
+  time is the step's floor (``eager_layer_s`` per layer, ``eager_moe_layer_s`` more per MoE layer).
+
+The sweep's prefills are long and GPU-bound, so the first stage cannot identify these three. This
+stage keeps every first-stage coefficient and fits just them, jointly to
+
+1. the first stage's calibration points again (so the sweep stays explained), and
+2. every step that carried a prefill chunk in the end-to-end jobs (``labs/results/e2e``) of the
+   models the fleet model is *fitted* on (:func:`fitted_models`, ``perf/data/e2e_split.json``); the
+   other models' jobs stay held out. A step's measured time is the interval from its scheduling to
+   the next step's.
+
+The loss is soft-L1 on log error (scale 0.1): a step that paid a one-time kernel compilation
+(seconds instead of milliseconds) cannot pull the fit. Each of the two sets weighs alike in total.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from servebook.errors import ServebookError
+
+#: Which models' end-to-end jobs a fit may use (the rest are held out); see the module docstring.
+SPLIT_PATH = Path(__file__).resolve().parent / "data" / "e2e_split.json"
+#: The coefficients this stage fits.
+FITTED = ("piecewise_step_s", "eager_layer_s", "eager_moe_layer_s", "eager_sequence_s")
+_BOUNDS = {"piecewise_step_s": (1e-6, 0.05), "eager_layer_s": (1e-7, 1e-2), "eager_moe_layer_s": (1e-7, 1e-2),
+           "eager_sequence_s": (1e-8, 1e-3)}
+_START = {"piecewise_step_s": 2e-3, "eager_layer_s": 5e-4, "eager_moe_layer_s": 5e-4, "eager_sequence_s": 1e-5}
+#: Soft-L1 scale on log error: residuals beyond ~10% count linearly, not squared.
+LOSS_SCALE = 0.1
+
+
+def fitted_models(path: str | Path | None = None) -> list[str]:
+    """The models whose end-to-end jobs the step model may be fitted on (the rest are held out)."""
+    where = Path(path or SPLIT_PATH)
+    try:
+        doc = json.loads(where.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServebookError(f"cannot read the fitted/held-out split {where}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("fitted_on"), list):
+        raise ServebookError(f"{where} lacks 'fitted_on' (a list of model ids)")
+    return list(doc["fitted_on"])
+
+
+def recorded_steps(job: dict):
+    """Each recorded step of an end-to-end job: ``(chunks, decodes, mean decode context, measured s)``.
+
+    ``chunks`` are the step's prefill chunks as ``(tokens, tokens computed before, ends its prompt)``;
+    the measured time is the interval to the next step's scheduling (the last step has none and is
+    left out, as are steps that scheduled nothing). Yields nothing for a job without a step log.
+    """
+    steps = job.get("steps") or {}
+    t = steps.get("t_s") or []
+    if not t or not steps.get("prefills") or None in steps.get("decode_context_tokens", [None]):
+        return
+    for k in range(len(t) - 1):
+        decodes, ctx = steps["decodes"][k], steps["decode_context_tokens"][k]
+        chunks = [(n, before, before + n >= prompt) for n, prompt, before in steps["prefills"][k]]
+        if decodes or chunks:
+            yield chunks, decodes, (ctx / decodes if decodes else 0.0), t[k + 1] - t[k]
+
+
+def _step_rows(docs: list[dict], fitted: list[str]):
+    """Per step with a prefill chunk, of the fitted models' jobs: the arrays ``step_seconds`` takes."""
+    import numpy as np
+
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.work import (PrefillWork, _allreduce_bytes, _expert_weight_bytes_read,
+                                     _tokens_per_touched_expert, decode_work, dense_weight_bytes_read)
+    from servebook.vllm_rules.compilation import cudagraph_max_tokens
+
+    keys = ("weight_bytes", "expert_bytes", "tokens", "sequences", "linear_flops", "kv_read_bytes",
+            "attention_flops", "allreduces", "allreduce_bytes_each", "expert_flops", "expert_rows", "layers",
+            "moe_layers", "eager", "piecewise", "measured")
+    rows: dict = {k: [] for k in keys}
+    for doc in docs:
+        if doc["model_id"] not in fitted or int(doc["engine_args"].get("tensor_parallel_size") or 1) != 1:
+            continue
+        spec = load_model_spec(doc["config"], name=doc["model_id"])
+        flags = doc["engine_args"]
+        graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
+                                     enforce_eager=bool(flags.get("enforce_eager")), architecture=spec.architecture)
+        prefill = PrefillWork(spec)
+        weights = dense_weight_bytes_read(spec)
+        moe_layers = len(spec.moe.moe_layer_indices) if spec.moe else 0
+        for job in doc["jobs"]:
+            for chunks, decodes, ctx, measured in recorded_steps(job):
+                if not chunks or measured <= 0:
+                    continue
+                w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else [0.0] * 7
+                for n, before, last in chunks:
+                    w = [a + b for a, b in zip(w, prefill(n, before, last))]
+                tokens, sequences, sampled, linear, attention, kv, expert = w
+                for k, v in (("weight_bytes", weights), ("expert_bytes", _expert_weight_bytes_read(spec, tokens, 1)),
+                             ("tokens", tokens), ("sequences", sequences), ("linear_flops", linear),
+                             ("kv_read_bytes", kv), ("attention_flops", attention), ("allreduces", 0.0),
+                             ("allreduce_bytes_each", _allreduce_bytes(spec, tokens, 1)), ("expert_flops", expert),
+                             ("expert_rows", _tokens_per_touched_expert(spec, tokens)),
+                             ("layers", spec.num_layers), ("moe_layers", moe_layers), ("eager", tokens > graph),
+                             ("piecewise", tokens - sampled >= 0.5), ("measured", measured)):
+                    rows[k].append(v)
+    return {k: np.asarray(v, dtype=bool if k in ("eager", "piecewise") else float) for k, v in rows.items()}
+
+
+def e2e_sources(paths: list[Path], fitted: list[str], root: Path | None = None) -> list[dict]:
+    """Provenance of the end-to-end records a fit used: file, sha256, model, date, vLLM version."""
+    out = []
+    for p in paths:
+        doc = json.loads(p.read_text())
+        if doc.get("model_id") in fitted:
+            rel = str(p.relative_to(root)) if root and p.is_relative_to(root) else str(p)
+            out.append({"file": rel, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "model": doc["model_id"],
+                        "date": doc.get("date"), "vllm_version": doc.get("vllm_version"),
+                        "steps_with_prefill": sum(1 for j in doc.get("jobs", []) for c, *_ in recorded_steps(j) if c)})
+    return out
+
+
+def fit_host_terms(coeffs, sweep_features, docs: list[dict], fitted: list[str], gpu):
+    """``coeffs`` with :data:`FITTED` refitted (see the module docstring); the rest unchanged.
+
+    ``sweep_features``: the first stage's ``_Features`` of its calibration points (their predictions
+    enter the fit); ``docs``: ``servebook.e2e/1`` records; ``fitted``: the model ids whose jobs count.
+    Returns ``(coefficients, report)`` with the number of steps used and their median log error
+    before and after. Raises ServebookError when no fitted model has a step with a prefill chunk.
+    """
+    from dataclasses import replace
+
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import step_seconds
+
+    g = gpu_numbers(gpu)
+    rows = _step_rows(docs, fitted)
+    if not len(rows["measured"]):
+        raise ServebookError(f"no recorded step with a prefill chunk among the fitted models {fitted}; "
+                             "record their end-to-end jobs (servebook.lab.e2e_job) first")
+    args = {k: v for k, v in rows.items() if k != "measured"}
+
+    def with_terms(x):
+        return replace(coeffs, **{f: float(v) for f, v in zip(FITTED, np.exp(x))})
+
+    def soft_l1(r):  # residuals whose squares sum to the soft-L1 loss
+        s = LOSS_SCALE
+        return np.sign(r) * s * np.sqrt(2.0 * (np.sqrt(1.0 + (r / s) ** 2) - 1.0))
+
+    def residuals(x):
+        c = with_terms(x)
+        steps = np.log(step_seconds(g, c, tp=1, **args)["step_s"]) - np.log(rows["measured"])
+        sweep = np.log(sweep_features.predict(c)) - np.log(sweep_features.measured)
+        return np.concatenate([soft_l1(steps) / np.sqrt(len(steps)), soft_l1(sweep) / np.sqrt(len(sweep))])
+
+    lo = np.log([_BOUNDS[f][0] for f in FITTED])
+    hi = np.log([_BOUNDS[f][1] for f in FITTED])
+    x0 = np.clip(np.log([_START[f] for f in FITTED]), lo + 1e-9, hi - 1e-9)
+    res = least_squares(residuals, x0, bounds=(lo, hi), max_nfev=2000)
+    fitted_coeffs = with_terms(res.x)
+
+    def median_log_error(c):
+        return float(np.median(np.log(step_seconds(g, c, tp=1, **args)["step_s"]) - np.log(rows["measured"])))
+
+    report = {"steps": int(len(rows["measured"])), "models": sorted(set(fitted)),
+              "median_log_error_before": median_log_error(coeffs), "median_log_error_after": median_log_error(fitted_coeffs),
+              "loss": f"soft_l1 on log error, scale {LOSS_SCALE}; each set weighs alike"}
+    return fitted_coeffs, report
