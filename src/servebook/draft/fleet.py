@@ -55,7 +55,8 @@ DRAFT_SPEC_K = 4
 
 #: How :func:`_explain_prefill` names the step-time terms.
 _TERM_NAMES = {"allreduce_s": "TP all-reduce of their activations", "linear_s": "linear layers",
-               "attention_s": "attention", "overhead_s": "per-step overheads"}
+               "attention_s": "attention", "overhead_s": "per-step overheads",
+               "step_mix_s": "decode-only steps beside steps carrying whole prompt chunks"}
 
 
 def _explain_prefill(ours: FleetPlan, d: dict, decode_tokens: int) -> str:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
-from servebook.perf.model import Coefficients, step_time
+from servebook.perf.model import Coefficients, StepPricer
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
 from servebook.perf.work import (
     Work,
@@ -247,6 +247,31 @@ def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int,
                 kv_read_bytes=work.kv_read_bytes, expert_flops=work.expert_flops)
 
 
+def _mean_chunks_per_request(w: Workload, chunk: int) -> float:
+    """Prefill chunks a prompt of the workload takes on average with ``chunk`` tokens of budget per step."""
+    return mean([float(len(prompt_chunks(int(round(n)), max(chunk, 1)))) for n in w.input_tokens.samples])
+
+
+def _expected_step_s(pricer: StepPricer, decode: Work, chunk: Work, chunks_per_step: float, max_chunks: int) -> float:
+    """Mean seconds of a steady-state step whose prefill chunks arrive Poisson(``chunks_per_step``) per step.
+
+    A step with no chunk is decode-only (one full CUDA graph); a step with ``n`` chunks carries
+    ``n x chunk`` of prefill work beside the decodes (piecewise graphs, or eager when large), so
+    the mean over the Poisson count prices the mix of steps a running batch really takes, not one
+    step carrying the mean prefill. At most ``max_chunks`` fit the token budget (the tail is put there).
+    """
+    top = max(0, min(max_chunks, int(chunks_per_step + 6.0 * math.sqrt(chunks_per_step) + 2)))
+    p = math.exp(-chunks_per_step)
+    total, mass = 0.0, 0.0
+    for n in range(top + 1):
+        weight = p if n < top else max(0.0, 1.0 - mass)
+        work = decode if n == 0 else decode + chunk.scaled(float(n))
+        total += weight * pricer.breakdown(work).step_s
+        mass += weight
+        p *= chunks_per_step / (n + 1)
+    return total
+
+
 def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     """Hours, GPU-hours, cost and throughput of ``workload`` on deployment ``d``.
 
@@ -336,17 +361,33 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     prefill = per_request_prefill.scaled(finish_per_step)
     graph_max = d.cudagraph_max_tokens
     if graph_max is None:
-        graph_max = cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens, num_speculative_tokens=spec_k)
+        graph_max = cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens, num_speculative_tokens=spec_k,
+                                         architecture=spec.architecture)
     step_tokens = (decode + prefill).tokens
     if step_tokens > graph_max:
         notes.append(f"steady-state steps carry {step_tokens:.0f} tokens, more than the largest CUDA graph "
                      f"({graph_max} tokens): they run eagerly (raise compilation_config.max_cudagraph_capture_size "
                      "or lower max_num_batched_tokens)")
-    mixed = step_time(spec, d.gpu, decode + prefill, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
-    alone = step_time(spec, d.gpu, decode, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
-    step, decode_only = mixed.step_s, alone.step_s
+    pricer = StepPricer(spec, d.gpu, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
+    mixed = pricer.breakdown(decode + prefill)
+    alone = pricer.breakdown(decode)
+    decode_only = alone.step_s
+    if bound == "decode":
+        # new prompts arrive a few per step: most steps decode only, some carry a chunk (see _expected_step_s)
+        chunks = _mean_chunks_per_request(workload, int(cap))
+        step = _expected_step_s(pricer, decode, per_request_prefill.scaled(1.0 / chunks), finish_per_step * chunks,
+                                max(1, int(cap // max(1.0, per_request_prefill.tokens / chunks))))
+    else:  # every step is filled with prefill up to the token budget
+        step = mixed.step_s
+    if step != mixed.step_s:
+        # the mix of decode-only steps and steps carrying whole chunks, against one step carrying the mean prefill
+        prefill_terms_mix = step - mixed.step_s
+    else:
+        prefill_terms_mix = 0.0
+
     prefill_terms = {t: getattr(mixed, t) - getattr(alone, t)
                      for t in ("linear_s", "attention_s", "allreduce_s", "overhead_s")}
+    prefill_terms["step_mix_s"] = prefill_terms_mix
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
         draft_s = spec_k * draft_pass_s(drafter, d.gpu, coeffs, batch=b_eff, context_tokens=ctx,
