@@ -46,12 +46,38 @@ def test_the_longest_held_out_job_ran_slower_than_predicted(rows):
     assert longest["finite_error"] > 0 and longest["error"] > 0, "it was promised more than it delivered"
 
 
-def test_dense_steps_with_a_prefill_cost_more_than_the_step_model_says(rows):
-    """labs/e2e_results.md: in the dense models' long-output jobs of two or more batches of requests."""
-    dense_long_output = [r for r in rows if not r["moe"] and r["job"].startswith("long-output")
+def test_dense_steps_with_a_prefill_are_priced_within_a_tenth(rows):
+    """labs/e2e_results.md: the held-out dense long-output jobs' steps that carried a prefill, priced by the
+    step model with the second-stage host terms (fitted on the fitted models' steps only)."""
+    dense_long_output = [r for r in rows if not r["moe"] and r["group"] == "held out" and r["job"].startswith("long-output")
                          and r.get("step_error_mixed") is not None and r["requests"] >= 2 * r["peak_running"]]
-    assert dense_long_output and all(r["step_error_mixed"] < -0.15 for r in dense_long_output), \
+    assert dense_long_output and all(abs(r["step_error_mixed"]) < 0.10 for r in dense_long_output), \
         [(r["model"], r["job"], r["step_error_mixed"]) for r in dense_long_output]
+
+
+def test_the_same_requests_run_twice_differ_by_more_than_the_goal():
+    """labs/e2e_results.md: jobs recorded twice (same seed) on fresh engines differ by more than 10% in wall time."""
+    docs = e2e_results()
+    walls = {}
+    for d in docs:
+        for j in d["jobs"]:
+            if "wall_s" in j:
+                walls.setdefault((d["model_id"], j["name"], j["seed"]), []).append(j["wall_s"])
+    repeats = [v for v in walls.values() if len(v) == 2]
+    assert len(repeats) >= 4 and max(max(v) / min(v) - 1 for v in repeats) > 0.10
+
+
+def test_gpt_oss_long_prompt_stays_slow_after_a_warm_up_of_its_shape():
+    """labs/e2e_results.md: every jit_monitor warning of the warm run came during the warm-up jobs, and the timed
+    long-prompt job still took over twice the model's time."""
+    docs = e2e_results()
+    warm = next(d for d in docs if d["model_id"] == "gpt-oss-20b" and d.get("warm_up_jobs"))
+    log = (results_path("raw") / "e2e-warm-gptoss-2026-12-02.log").read_text().splitlines()
+    first_timed = next(i for i, line in enumerate(log) if "[e2e] gpt-oss-20b warm-up job long-output-512" in line)
+    assert any("jit_monitor.py:135" in line for line in log[:first_timed])
+    assert not any("jit_monitor.py:135" in line for line in log[first_timed:])
+    row = next(r for r in job_rows(warm, fitted=fitted_models()) if r["job"].startswith("long-prompt"))
+    assert row["measured_s"] > 2 * row["finite_s"]
 
 
 def test_held_out_moe_decode_steps_cost_less_than_the_model_says(rows):

@@ -53,7 +53,8 @@ def _case(plan: E2EPlan, model: str, out_dir: Path, log: Path, gpu: str) -> dict
     return {"model": model, "kind": mp.kind, "config": mp.config(),
             "engine_args": mp.engine_args, "out": str(out_dir / f"e2e_{model}.json"), "log": str(log), "gpu": gpu,
             "record_steps": os.environ.get("SERVEBOOK_E2E_STEPS", "1") != "0",
-            "jobs": [{"shape": vars(j.shape), "requests": j.requests, "seed": j.seed} for j in mp.jobs]}
+            "jobs": [{"shape": vars(j.shape), "requests": j.requests, "seed": j.seed} for j in mp.jobs],
+            "warm_up_jobs": [{"shape": vars(j.shape), "requests": j.requests, "seed": j.seed} for j in mp.warm_up]}
 
 
 def _shortest_job_s(case: dict) -> float:

@@ -62,6 +62,9 @@ class ModelPlan:
     jobs: tuple[Job, ...] = field(default_factory=tuple)
     #: A config.json path (a test's tiny model); None: the shipped reference config of ``model``.
     config_path: str | None = None
+    #: Jobs run on the same engine before the timed ones and kept apart (``warm_up_jobs`` in the record):
+    #: they pay the one-time kernel compilations a job's step sizes cause (gpt-oss-20b on the H200).
+    warm_up: tuple[Job, ...] = field(default_factory=tuple)
 
     def config(self) -> dict:
         """The config the engine loads: ``config_path``, else the shipped reference (its text tower)."""
@@ -113,16 +116,23 @@ def load_plan(path: str | Path | None = None) -> E2EPlan:
     shapes = {name: _shape(name, s) for name, s in raw.get("shapes", {}).items()}
     models = {}
     for i, (model, m) in enumerate(raw.get("models", {}).items()):
-        jobs = []
-        for j, (shape_name, requests) in enumerate(m.get("jobs", [])):
-            if shape_name not in shapes:
-                raise ServebookError(f"model {model!r}: unknown shape {shape_name!r}; use one of {', '.join(shapes)}")
-            if int(requests) < 1:
-                raise ServebookError(f"model {model!r}: job {shape_name!r} needs at least 1 request")
-            jobs.append(Job(model, shapes[shape_name], int(requests), seed=1000 * i + j))
+        # seeds: 1000 x the model's position in the plan + the job's (seed_base replaces the first term, so
+        # a plan of one model can redraw the same requests as the shipped plan); warm-up jobs + 500
+        seed_base = int(m.get("seed_base", 1000 * i))
+
+        def jobs_of(key: str, offset: int) -> tuple[Job, ...]:
+            out = []
+            for j, (shape_name, requests) in enumerate(m.get(key, [])):
+                if shape_name not in shapes:
+                    raise ServebookError(f"model {model!r}: unknown shape {shape_name!r}; use one of {', '.join(shapes)}")
+                if int(requests) < 1:
+                    raise ServebookError(f"model {model!r}: job {shape_name!r} needs at least 1 request")
+                out.append(Job(model, shapes[shape_name], int(requests), seed=seed_base + offset + j))
+            return tuple(out)
+
         config_path = str(path.parent / m["config"]) if "config" in m else None
-        models[model] = ModelPlan(model, m.get("kind", ""), dict(base, **m.get("engine", {})), tuple(jobs),
-                                  config_path)
+        models[model] = ModelPlan(model, m.get("kind", ""), dict(base, **m.get("engine", {})), jobs_of("jobs", 0),
+                                  config_path, warm_up=jobs_of("warm_up", 500))
     targets = {k: list(v) for k, v in raw.get("targets", {}).items()}
     for target, names in targets.items():
         for name in names:
