@@ -104,3 +104,23 @@ def test_deepseek_decode_steps_beat_the_uniform_routing_floor():
         medians = decode_step_medians(job)
         for b in (16, 32, 64):
             assert medians[b] < uniform_routing_floor_s(spec, "h200", b), (job["name"], b, medians[b])
+
+
+def test_gpt_oss_pays_once_for_each_new_eager_step_size():
+    """labs/e2e_results.md, "a one-time cost for each new step size": on one engine that ran the same requests
+    twice, eager steps of a size already run take a small fraction of those of a new size, and of the first pass's."""
+    from servebook.lab.e2e_analysis import step_size_first_costs
+    from servebook.vllm_rules import cudagraph_max_tokens
+
+    repeats = {d["model_id"]: d for d in e2e_results(folder="e2e_repeat")}
+    doc = repeats["gpt-oss-20b-nocache"]
+    assert doc["engine_args"]["enable_prefix_caching"] is False
+    graph = cudagraph_max_tokens(256, 8192, architecture=doc["config"]["architectures"][0])
+    assert graph == 1024
+    ss = step_size_first_costs(doc, graph)
+    assert min(ss[k]["steps"] for k in ("warm_up", "seen", "new")) >= 10
+    assert ss["seen"]["median_s"] < 0.2 * ss["new"]["median_s"]
+    assert ss["seen"]["median_s"] < 0.2 * ss["warm_up"]["median_s"]
+    assert ss["timed_s"] < ss["warm_up_s"]
+    cached = next(j for j in repeats["gpt-oss-20b"]["jobs"] if j["name"].startswith("long-prompt"))
+    assert cached["prefix_cache_hit_rate"] > 0.9  # "measures the prefix cache": why it is not compared

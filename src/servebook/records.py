@@ -76,15 +76,16 @@ def read_json(*parts: str, directory: str | Path | None = None) -> dict:
 E2E_SCHEMA = "servebook.e2e/1"
 
 
-def e2e_results(directory: str | Path | None = None) -> list[dict]:
+def e2e_results(directory: str | Path | None = None, folder: str = "e2e") -> list[dict]:
     """Every end-to-end job record (``e2e/e2e_<model>[-<suffix>].json``, schema ``servebook.e2e/1``), by model id.
 
     ``directory`` is a results folder (see :func:`results_dir`) or a folder holding the files
     themselves (a test's fixtures). Raises ``FileNotFoundError`` naming the folder when it holds
-    none, and ``ValueError`` naming a file of another schema.
+    none, and ``ValueError`` naming a file of another schema. ``folder``: ``e2e`` (the jobs compared with
+    fleet) or ``e2e_repeat`` (jobs repeated on one engine to isolate one-time costs, not compared).
     """
     base = results_dir(directory)
-    folder = base / "e2e" if (base / "e2e").is_dir() else base
+    folder = base / folder if (base / folder).is_dir() else base
     paths = sorted(folder.glob("e2e_*.json"))
     if not paths:
         raise FileNotFoundError(f"no end-to-end job records (e2e_*.json) in {folder}: record them with "

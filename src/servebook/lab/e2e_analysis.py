@@ -287,3 +287,29 @@ def uniform_routing_floor_s(spec, gpu, batch: int) -> float:
 
     weight_bytes = dense_weight_bytes_read(spec, 1) + float(expert_weight_bytes_read(spec, float(batch), 1))
     return weight_bytes / gpu_numbers(gpu).hbm_bandwidth_bytes_per_s
+
+
+def step_size_first_costs(doc: dict, graph_max: int) -> dict:
+    """One-time cost per step size: a record whose timed job repeats its warm-up job's very requests.
+
+    Steps larger than ``graph_max`` tokens (eager) other than the full token budget are split into
+    the warm-up's, the timed job's of a size the warm-up already ran ("seen") and of a size it did
+    not ("new"). Returns per group the number of steps and their median seconds.
+    """
+    budget = int(doc["engine_args"]["max_num_batched_tokens"])
+    warm = next(w for w in doc.get("warm_up_jobs", []) if w.get("steps"))
+    timed = next(j for j in doc["jobs"] if j["name"] == warm["name"] and j.get("seed") == warm.get("seed"))
+
+    def odd_steps(steps):
+        t = steps["t_s"]
+        return [(steps["total_tokens"][k], t[k + 1] - t[k]) for k in range(len(t) - 1)
+                if graph_max < steps["total_tokens"][k] < budget]
+
+    warm_steps = odd_steps(warm["steps"])
+    sizes = set(warm["steps"]["total_tokens"])
+    timed_steps = odd_steps(timed["steps"])
+    groups = {"warm_up": [s for _, s in warm_steps],
+              "seen": [s for n, s in timed_steps if n in sizes],
+              "new": [s for n, s in timed_steps if n not in sizes]}
+    return {k: {"steps": len(v), "median_s": statistics.median(v) if v else None} for k, v in groups.items()} | {
+        "job": timed["name"], "warm_up_s": warm["wall_s"], "timed_s": timed["wall_s"]}

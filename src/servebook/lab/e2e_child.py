@@ -270,13 +270,13 @@ def main(case_path: str) -> None:
         try:
             res = run_job(llm, job, engine_args, config, step_log, case.get("gpu", "h200"))
             warm.update(wall_s=res["wall_s"], output_tokens_per_s=res["output_tokens_per_s"],
-                                   fleet_seconds=(res.get("fleet") or {}).get("seconds"))
+                        fleet_seconds=(res.get("fleet") or {}).get("seconds"), steps=res.get("steps"))
         except Exception as exc:  # noqa: BLE001 - a failed warm-up is recorded; the timed jobs still run
             warm["error"] = f"{type(exc).__name__}: {exc}"
         doc["warm_up_jobs"].append(warm)
         say(f"{model} warm-up job {job.name}: {time.monotonic() - t:.1f} s")
-    doc["method"] += ("; warm_up_jobs: whole jobs of the same shapes (other seeds) run first on the same engine, "
-                      "their wall times kept, their steps not") if warm_jobs else ""
+    doc["method"] += ("; warm_up_jobs: whole jobs (shape, requests and seed listed) run first on the same engine, "
+                      "their wall times and step logs kept apart from the timed jobs") if warm_jobs else ""
     _write(out, doc)
     ratio = 1.0
     for job in jobs:

@@ -65,6 +65,9 @@ class ModelPlan:
     #: Jobs run on the same engine before the timed ones and kept apart (``warm_up_jobs`` in the record):
     #: they pay the one-time kernel compilations a job's step sizes cause (gpt-oss-20b on the H200).
     warm_up: tuple[Job, ...] = field(default_factory=tuple)
+    #: The shipped reference model whose config the engine loads, when the plan's name for it differs
+    #: (a second entry of the same model with other engine flags); None: ``model``.
+    config_model: str | None = None
 
     def config(self) -> dict:
         """The config the engine loads: ``config_path``, else the shipped reference (its text tower)."""
@@ -75,7 +78,7 @@ class ModelPlan:
 
         if self.config_path:
             return json.loads(Path(self.config_path).read_text())
-        return language_model_config(load_reference_config(self.model))
+        return language_model_config(load_reference_config(self.config_model or self.model))
 
 
 @dataclass(frozen=True)
@@ -117,22 +120,28 @@ def load_plan(path: str | Path | None = None) -> E2EPlan:
     models = {}
     for i, (model, m) in enumerate(raw.get("models", {}).items()):
         # seeds: 1000 x the model's position in the plan + the job's (seed_base replaces the first term, so
-        # a plan of one model can redraw the same requests as the shipped plan); warm-up jobs + 500
+        # a plan of one model can redraw the same requests as the shipped plan); warm-up jobs + 500; a
+        # third element [shape, requests, seed] gives a job's seed outright (a warm-up of the very requests)
         seed_base = int(m.get("seed_base", 1000 * i))
 
         def jobs_of(key: str, offset: int) -> tuple[Job, ...]:
             out = []
-            for j, (shape_name, requests) in enumerate(m.get(key, [])):
+            for j, entry in enumerate(m.get(key, [])):
+                if not isinstance(entry, list) or len(entry) not in (2, 3):
+                    raise ServebookError(f"model {model!r}: a job is [shape, requests] or [shape, requests, seed], "
+                                         f"got {entry!r}")
+                shape_name, requests = entry[0], entry[1]
                 if shape_name not in shapes:
                     raise ServebookError(f"model {model!r}: unknown shape {shape_name!r}; use one of {', '.join(shapes)}")
                 if int(requests) < 1:
                     raise ServebookError(f"model {model!r}: job {shape_name!r} needs at least 1 request")
-                out.append(Job(model, shapes[shape_name], int(requests), seed=seed_base + offset + j))
+                seed = int(entry[2]) if len(entry) == 3 else seed_base + offset + j
+                out.append(Job(model, shapes[shape_name], int(requests), seed=seed))
             return tuple(out)
 
         config_path = str(path.parent / m["config"]) if "config" in m else None
         models[model] = ModelPlan(model, m.get("kind", ""), dict(base, **m.get("engine", {})), jobs_of("jobs", 0),
-                                  config_path, warm_up=jobs_of("warm_up", 500))
+                                  config_path, warm_up=jobs_of("warm_up", 500), config_model=m.get("config_model"))
     targets = {k: list(v) for k, v in raw.get("targets", {}).items()}
     for target, names in targets.items():
         for name in names:
