@@ -1439,3 +1439,32 @@ def test_appendix_the_drafts_tokens_per_step_need_the_acceptance_it_quotes():
     alpha = acceptance_for_tokens_per_step(1 + accept, DRAFT_SPEC_K)
     assert abs(expected_tokens_per_step(DRAFT_SPEC_K, alpha) - (1 + accept)) < 1e-9, \
         "appendix: 'the draft's N tokens at k = K need alpha = A%' (alpha gives the tokens back)"
+
+
+# ---- 6.13: what a step costs outside the full graph (Llama-3.1-8B's long-output job on the H200) -----
+
+def test_6_13_piecewise_and_eager_steps_cost_more_than_the_full_graph_and_eager_is_flat():
+    """6.13: "A decode-only step took X ms. ... piecewise graphs: Y ms ... no graph at all: Z ms, whatever the
+    size up to about 2,000 tokens": X < Y < Z with clear gaps, and the eager steps' median is flat in size."""
+    from servebook.lab.e2e_analysis import graph_regime_medians
+    from servebook.records import e2e_results
+    from servebook.vllm_rules import cudagraph_max_tokens
+
+    llama = next(d for d in e2e_results() if d["model_id"] == "llama-3.1-8b")
+    job = next(j for j in llama["jobs"] if j["name"].startswith("long-output"))
+    r = graph_regime_medians(llama, job, cudagraph_max_tokens(256, 8192))
+    assert min(v["steps"] for v in r.values()) >= 50
+    assert r["piecewise"]["median_s"] > 1.5 * r["full_graph"]["median_s"]
+    assert r["eager"]["median_s"] > 1.5 * r["piecewise"]["median_s"]
+    small = graph_regime_medians(llama, job, 512, eager_max_tokens=768)["eager"]
+    assert small["steps"] >= 30 and abs(small["median_s"] / r["eager"]["median_s"] - 1) < 0.1
+
+
+def test_6_13_gpt_oss_captures_graphs_up_to_1024_tokens():
+    """6.13: "gpt-oss sets 1,024 tokens when you set none" (vLLM's GptOssForCausalLMConfig; the drift test finds
+    the assignment in the installed vLLM)."""
+    from servebook.vllm_rules import cudagraph_max_tokens
+
+    assert cudagraph_max_tokens(256, 8192, architecture="GptOssForCausalLM") == 1024
+    assert cudagraph_max_tokens(256, 768, architecture="GptOssForCausalLM") == 768
+    assert cudagraph_max_tokens(256, 8192, architecture="LlamaForCausalLM") == 512

@@ -313,3 +313,29 @@ def step_size_first_costs(doc: dict, graph_max: int) -> dict:
               "new": [s for n, s in timed_steps if n not in sizes]}
     return {k: {"steps": len(v), "median_s": statistics.median(v) if v else None} for k, v in groups.items()} | {
         "job": timed["name"], "warm_up_s": warm["wall_s"], "timed_s": timed["wall_s"]}
+
+
+def graph_regime_medians(doc: dict, job: dict, graph_max: int, *, min_decodes: int = 192,
+                         eager_max_tokens: int = 2048) -> dict:
+    """Median measured seconds of a job's steps in the three CUDA-graph regimes, with many decodes running.
+
+    Steps with at least ``min_decodes`` decoding requests: ``full_graph`` (decode only, at most
+    ``graph_max`` tokens), ``piecewise`` (a prefill chunk beside them, at most ``graph_max`` tokens)
+    and ``eager`` (a prefill chunk, ``graph_max`` < tokens <= ``eager_max_tokens``). Each entry gives
+    ``steps``, ``median_s`` (None without steps) and ``median_tokens``.
+    """
+    from servebook.perf.calibrate_steps import recorded_steps
+
+    groups: dict = {"full_graph": [], "piecewise": [], "eager": []}
+    for chunks, decodes, _ctx, measured in recorded_steps(job):
+        tokens = decodes + sum(n for n, _, _ in chunks)
+        if decodes < min_decodes:
+            continue
+        if not chunks and tokens <= graph_max:
+            groups["full_graph"].append((measured, tokens))
+        elif chunks and tokens <= graph_max:
+            groups["piecewise"].append((measured, tokens))
+        elif chunks and tokens <= eager_max_tokens:
+            groups["eager"].append((measured, tokens))
+    return {k: {"steps": len(v), "median_s": statistics.median(s for s, _ in v) if v else None,
+                "median_tokens": statistics.median(t for _, t in v) if v else None} for k, v in groups.items()}
