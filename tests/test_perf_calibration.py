@@ -18,12 +18,12 @@ FITTED = ("step_overhead_s", "per_sequence_overhead_s", "request_overhead_s", "w
           "smoothmax_p", "expert_matmul_peak_eff", "per_moe_layer_overhead_s", "eager_moe_layer_s")
 
 
-def _synthetic_points(noise=0.0):
+def _synthetic_points(noise=0.0, coeffs=KNOWN):
     specs, points = {}, []
     for name, cfg in (("llama", LLAMA_8B), ("moe", QWEN3_MOE)):
         s = spec(cfg, name)
         specs[name] = s
-        rec = cal.synthetic_record(s, H200, KNOWN, model_id=name, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        rec = cal.synthetic_record(s, H200, coeffs, model_id=name, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                                    prompts=(512, 1024, 2048, 4096, 8192, 16384),
                                    prefill_tokens=(512, 1024, 2048, 4096, 8192, 16384), noise=noise, seed=1)
         points += cal.points_of(rec, name)
@@ -117,3 +117,63 @@ def test_shipped_calibration_matches_the_records(refit):
 # The chunk-budget inverse against measured prefill steps (within 25% from 2,048 tokens) is checked
 # once, in tests/test_notebook_claims.py (test_chunk_budget_inverse_model_lands_near_measured_long_prefills),
 # which also requires the recorded data to be present.
+
+
+def _synthetic_e2e_doc(model_id, cfg, coeffs, n_steps=240, seed=3):
+    """An end-to-end record whose steps' times are the step model's with ``coeffs``: decode-only steps and
+    steps carrying one prompt chunk of 64-1,900 tokens beside 64-250 decodes (piecewise and eager)."""
+    import random
+
+    from servebook.simulator.step_time import PerfStepTime
+
+    s = spec(cfg, model_id)
+    clock = PerfStepTime(s, H200, coeffs, cudagraph_max_tokens=512)
+    rng = random.Random(seed)
+    t, decodes, contexts, prefills = [0.0], [], [], []
+    for k in range(n_steps):
+        d = rng.randint(64, 250)
+        ctx = rng.randint(200, 1500)
+        chunks = [] if k % 3 == 0 else [(rng.randint(64, 1900), 2000, 0)]
+        t.append(t[-1] + clock.step_s([(n, before, before + n >= p) for n, p, before in chunks], [ctx] * d))
+        decodes.append(d)
+        contexts.append(d * ctx)
+        prefills.append([list(c) for c in chunks])
+    steps = {"t_s": t, "decodes": decodes + [0], "decode_context_tokens": contexts + [0], "prefills": prefills + [[]]}
+    return {"model_id": model_id, "config": dict(cfg), "engine_args": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+            "jobs": [{"name": "synthetic", "steps": steps}]}
+
+
+def test_second_stage_recovers_known_host_terms():
+    """Steps priced with known host terms (piecewise, eager per layer / MoE layer / sequence) give them back
+    when the rest of the coefficients are known, and a model not named as fitted is not used."""
+    from dataclasses import replace
+
+    from servebook.perf import calibrate_steps
+
+    truth = replace(KNOWN, piecewise_step_s=3e-3, eager_layer_s=8e-4, eager_moe_layer_s=9e-4, eager_sequence_s=5e-5)
+    start = replace(KNOWN, piecewise_step_s=0.0, eager_layer_s=0.0, eager_moe_layer_s=0.0, eager_sequence_s=0.0)
+    specs, points = _synthetic_points(coeffs=truth)
+    feats = cal._Features([p for p in points if not p.heldout], specs, H200)
+    docs = [_synthetic_e2e_doc("llama", LLAMA_8B, truth), _synthetic_e2e_doc("moe", QWEN3_MOE, truth, seed=4),
+            _synthetic_e2e_doc("held", LLAMA_8B, replace(truth, piecewise_step_s=0.05))]
+    fitted, report = calibrate_steps.fit_host_terms(start, feats, docs, ["llama", "moe"], H200)
+    for name in calibrate_steps.FITTED:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+    assert report["steps"] == 2 * 160 and abs(report["median_log_error_after"]) < 1e-3
+    with pytest.raises(cal.ServebookError, match="no recorded step with a prefill chunk"):
+        calibrate_steps.fit_host_terms(start, feats, docs, ["nobody"], H200)
+
+
+def test_shipped_second_stage_used_exactly_the_fitted_models_records():
+    """calibration.json's stage2 names each e2e record of a fitted model with its current sha256, and no other."""
+    from servebook.perf import calibrate_steps
+
+    shipped = json.loads(CALIBRATION_FILE.read_text())
+    fitted = calibrate_steps.fitted_models()
+    files = {s["file"]: s["sha256"] for s in shipped["stage2"]["sources"]}
+    expected = {}
+    for f in sorted((ROOT / "labs" / "results" / "e2e").glob("e2e_*.json")):
+        if json.loads(f.read_text())["model_id"] in fitted:
+            expected[str(f.relative_to(ROOT))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert expected and files == expected, "rerun python -m servebook.perf.calibrate"
+    assert shipped["stage2"]["fitted_on"] == fitted
