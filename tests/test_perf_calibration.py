@@ -150,12 +150,12 @@ def test_second_stage_recovers_known_host_terms():
 
     from servebook.perf import calibrate_steps
 
-    truth = replace(KNOWN, piecewise_step_s=3e-3, eager_layer_s=8e-4, eager_moe_layer_s=9e-4, eager_sequence_s=5e-5)
-    start = replace(KNOWN, piecewise_step_s=0.0, eager_layer_s=0.0, eager_moe_layer_s=0.0, eager_sequence_s=0.0)
+    truth = replace(KNOWN, piecewise_sequence_s=2e-5, eager_layer_s=8e-4, eager_moe_layer_s=9e-4, eager_sequence_s=5e-5)
+    start = replace(KNOWN, piecewise_sequence_s=0.0, eager_layer_s=0.0, eager_moe_layer_s=0.0, eager_sequence_s=0.0)
     specs, points = _synthetic_points(coeffs=truth)
     feats = cal._Features([p for p in points if not p.heldout], specs, H200)
     docs = [_synthetic_e2e_doc("llama", LLAMA_8B, truth), _synthetic_e2e_doc("moe", QWEN3_MOE, truth, seed=4),
-            _synthetic_e2e_doc("held", LLAMA_8B, replace(truth, piecewise_step_s=0.05))]
+            _synthetic_e2e_doc("held", LLAMA_8B, replace(truth, piecewise_sequence_s=5e-4))]
     fitted, report = calibrate_steps.fit_host_terms(start, feats, docs, ["llama", "moe"], H200)
     for name in calibrate_steps.FITTED:
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name

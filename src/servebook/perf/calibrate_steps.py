@@ -5,7 +5,7 @@ decode steps and pure prefills. Two costs stay invisible there, and a real job i
 
 * a step that carries a prefill chunk beside decoding requests, of at most the largest CUDA-graph
   size, replays *piecewise* graphs with attention launched eagerly between them
-  (``piecewise_step_s``, added to the step);
+  (``piecewise_sequence_s`` per request in the step, added to it);
 * a larger step runs eagerly, the host launching every kernel; for moderate GPU work that launch
   time is the step's floor (``eager_layer_s`` per layer, ``eager_moe_layer_s`` more per MoE layer).
 
@@ -32,10 +32,10 @@ from servebook.errors import ServebookError
 #: Which models' end-to-end jobs a fit may use (the rest are held out); see the module docstring.
 SPLIT_PATH = Path(__file__).resolve().parent / "data" / "e2e_split.json"
 #: The coefficients this stage fits.
-FITTED = ("piecewise_step_s", "eager_layer_s", "eager_moe_layer_s", "eager_sequence_s")
-_BOUNDS = {"piecewise_step_s": (1e-6, 0.05), "eager_layer_s": (1e-7, 1e-2), "eager_moe_layer_s": (1e-7, 1e-2),
-           "eager_sequence_s": (1e-8, 1e-3)}
-_START = {"piecewise_step_s": 2e-3, "eager_layer_s": 5e-4, "eager_moe_layer_s": 5e-4, "eager_sequence_s": 1e-5}
+FITTED = ("piecewise_sequence_s", "eager_layer_s", "eager_moe_layer_s", "eager_sequence_s")
+_BOUNDS = {"eager_layer_s": (1e-7, 1e-2), "eager_moe_layer_s": (1e-7, 1e-2),
+           "eager_sequence_s": (1e-8, 1e-3), "piecewise_sequence_s": (1e-8, 1e-3)}
+_START = {"eager_layer_s": 5e-4, "eager_moe_layer_s": 5e-4, "eager_sequence_s": 1e-5, "piecewise_sequence_s": 1e-5}
 #: Soft-L1 scale on log error: residuals beyond ~10% count linearly, not squared.
 LOSS_SCALE = 0.1
 

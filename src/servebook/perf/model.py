@@ -18,8 +18,8 @@ kernel class, joined by a smooth maximum):
   ``body_s = gpu_s``;
 * a step that carries a prefill chunk, of at most ``cudagraph_max_tokens`` tokens, replays
   *piecewise* graphs with attention run eagerly between them: ``body_s = gpu_s +
-  piecewise_step_s`` (measured on the H200: such steps of Llama-3.1-8B took ~22 ms where
-  the decode-only steps beside them took ~17 ms);
+  piecewise_sequence_s x sequences`` (measured on the H200: such steps of Llama-3.1-8B with
+  ~250 decoding requests took ~22 ms where the decode-only steps beside them took ~12 ms);
 * a larger step runs eagerly, the host launching every kernel, and for small GPU work
   that launch time is the floor: ``body_s = smoothmax(gpu_s, eager_layer_s x layers +
   eager_moe_layer_s x MoE layers + eager_sequence_s x sequences)`` (measured: Llama-3.1-8B steps of 513-2,048 tokens
@@ -87,8 +87,8 @@ class Coefficients:
         eager_layer_s: host time to launch one decoder layer's kernels in an eager step, s.
         eager_moe_layer_s: extra host time per MoE layer in an eager step, s.
         eager_sequence_s: extra host time per sequence in an eager step, s.
-        piecewise_step_s: extra time of a step that carries a prefill chunk and runs under
-            piecewise CUDA graphs (attention launched eagerly), s.
+        piecewise_sequence_s: extra time per sequence of a step that carries a prefill chunk and
+            runs under piecewise CUDA graphs (attention launched eagerly), s.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
             measurement calibrated it (then 0 is used and results say so).
@@ -116,7 +116,7 @@ class Coefficients:
     eager_layer_s: float = 0.0
     eager_moe_layer_s: float = 0.0
     eager_sequence_s: float = 0.0
-    piecewise_step_s: float = 0.0
+    piecewise_sequence_s: float = 0.0
     gpu: str = ""
     source: str = ""
 
@@ -232,10 +232,11 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers + c.eager_sequence_s * sequences
     # (a float step that is not eager skips the smooth maximum it would discard)
     body_s = gpu_s if eager is False else where(eager, _smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
+    piece_s = c.piecewise_sequence_s * sequences
     if isinstance(piecewise, bool):  # one step in floats
-        body_s = body_s + (c.piecewise_step_s if piecewise and not eager else 0.0)
+        body_s = body_s + (piece_s if piecewise and not eager else 0.0)
     else:
-        body_s = body_s + where(piecewise & ~eager, c.piecewise_step_s, 0.0)
+        body_s = body_s + where(piecewise & ~eager, piece_s, 0.0)
     return {"step_s": overhead_s + body_s, "overhead_s": overhead_s,
             "linear_s": linear_s, "attention_s": attention_s, "allreduce_s": allreduce_s,
             "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
