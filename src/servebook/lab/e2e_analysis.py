@@ -11,23 +11,12 @@ those the fleet model is fitted on and those held out by ``perf/data/e2e_split.j
 """
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
-from servebook.errors import ServebookError
+from servebook.perf.calibrate_steps import fitted_models, recorded_steps  # noqa: F401 (fitted_models: re-exported)
 
-SPLIT_PATH = Path(__file__).resolve().parent.parent / "perf" / "data" / "e2e_split.json"
 #: A step belongs to the steady state when its batch is at least this share of the job's peak batch.
 STEADY_SHARE_OF_PEAK = 0.9
-
-
-def fitted_models(path: str | Path | None = None) -> list[str]:
-    """The models whose jobs the fleet model may be fitted on (the rest are held out)."""
-    doc = json.loads(Path(path or SPLIT_PATH).read_text())
-    if "fitted_on" not in doc:
-        raise ServebookError(f"{path or SPLIT_PATH} lacks 'fitted_on' (a list of model ids)")
-    return list(doc["fitted_on"])
 
 
 def steady_state(job: dict, share: float = STEADY_SHARE_OF_PEAK) -> dict | None:
@@ -187,22 +176,17 @@ def priced_steps(doc: dict, job: dict, *, gpu: str | None = None) -> dict | None
     steps in batch buckets), and ``outside_steps_s`` (job wall time before the first and after the
     last step's scheduling). None without a step log that has decode contexts.
     """
-    steps = job.get("steps")
-    if not steps or not steps.get("t_s") or not steps.get("prefills") or None in steps.get("decode_context_tokens", [None]):
+    steps = list(recorded_steps(job))
+    if not steps:
         return None
     g, _ = _catalogue_gpu(doc, gpu)
     model = _step_model(doc, g)
-    t = steps["t_s"]
+    t = job["steps"]["t_s"]
     groups: dict = {"decode": [0, 0.0, 0.0], "mixed": [0, 0.0, 0.0]}
     buckets: dict = {}
-    for k in range(len(t) - 1):
-        decodes, ctx = steps["decodes"][k], steps["decode_context_tokens"][k]
-        chunks = [(n, before, before + n >= prompt) for n, prompt, before in steps["prefills"][k]]
-        if not decodes and not chunks:
-            continue
-        contexts = [max(1, round(ctx / decodes))] * decodes if decodes else []
+    for chunks, decodes, mean_context, measured in steps:
+        contexts = [max(1, round(mean_context))] * decodes if decodes else []
         predicted = model.step_s(chunks, contexts)
-        measured = t[k + 1] - t[k]
         key = "mixed" if chunks else "decode"
         groups[key][0] += 1
         groups[key][1] += measured
@@ -324,8 +308,6 @@ def graph_regime_medians(doc: dict, job: dict, graph_max: int, *, min_decodes: i
     and ``eager`` (a prefill chunk, ``graph_max`` < tokens <= ``eager_max_tokens``). Each entry gives
     ``steps``, ``median_s`` (None without steps) and ``median_tokens``.
     """
-    from servebook.perf.calibrate_steps import recorded_steps
-
     groups: dict = {"full_graph": [], "piecewise": [], "eager": []}
     for chunks, decodes, _ctx, measured in recorded_steps(job):
         tokens = decodes + sum(n for n, _, _ in chunks)

@@ -40,7 +40,8 @@ from servebook.perf import calibrate_steps
 from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
-from servebook.perf.model import (CALIBRATION_FILE, DEFAULT_CUDAGRAPH_MAX_TOKENS, Coefficients, cudagraph_max_tokens, decode_step,
+from servebook.perf.model import (CALIBRATION_FILE, DEFAULT_CUDAGRAPH_MAX_TOKENS, Coefficients, carries_prefill,
+                                  cudagraph_max_tokens, decode_step,
                                   prefill_request_s, step_seconds)
 from servebook.perf.work import (
     allreduce_bytes,
@@ -257,7 +258,7 @@ class _Features:
                 rows["layers"].append(spec.num_layers)
                 rows["moe_layers"].append(len(spec.moe.moe_layer_indices) if spec.moe else 0)
                 rows["eager"].append(w.tokens > pt.cudagraph_max_tokens)
-                rows["piecewise"].append(w.tokens - w.sampled_tokens >= 0.5)
+                rows["piecewise"].append(carries_prefill(w.tokens, w.sampled_tokens))
         self.rows = {k: np.asarray(v, dtype=float) for k, v in rows.items()}
         self.n_points = len(points)
         self.is_prefill = np.array([p.phase == "prefill" for p in points])

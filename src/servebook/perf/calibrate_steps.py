@@ -70,19 +70,18 @@ def recorded_steps(job: dict):
             yield chunks, decodes, (ctx / decodes if decodes else 0.0), t[k + 1] - t[k]
 
 
-def _step_rows(docs: list[dict], fitted: list[str]):
-    """Per step with a prefill chunk, of the fitted models' jobs: the arrays ``step_seconds`` takes."""
+def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
+    """Per step with a prefill chunk, of the fitted models' jobs: the arrays ``step_seconds`` takes
+    (each step's :meth:`StepPricer.formula_args`), and ``measured`` (seconds)."""
     import numpy as np
 
     from servebook.hf_config import load_model_spec
-    from servebook.perf.work import (PrefillWork, _allreduce_bytes, _expert_weight_bytes_read,
-                                     _tokens_per_touched_expert, decode_work, dense_weight_bytes_read)
+    from servebook.perf.model import StepPricer
+    from servebook.perf.work import PrefillWork, decode_work
     from servebook.vllm_rules.compilation import cudagraph_max_tokens
 
-    keys = ("weight_bytes", "expert_bytes", "tokens", "sequences", "linear_flops", "kv_read_bytes",
-            "attention_flops", "allreduces", "allreduce_bytes_each", "expert_flops", "expert_rows", "layers",
-            "moe_layers", "eager", "piecewise", "measured")
-    rows: dict = {k: [] for k in keys}
+    args: list[dict] = []
+    measured_s: list[float] = []
     for doc in docs:
         if doc["model_id"] not in fitted or int(doc["engine_args"].get("tensor_parallel_size") or 1) != 1:
             continue
@@ -91,8 +90,7 @@ def _step_rows(docs: list[dict], fitted: list[str]):
         graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
                                      enforce_eager=bool(flags.get("enforce_eager")), architecture=spec.architecture)
         prefill = PrefillWork(spec)
-        weights = dense_weight_bytes_read(spec)
-        moe_layers = len(spec.moe.moe_layer_indices) if spec.moe else 0
+        pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph)
         for job in doc["jobs"]:
             for chunks, decodes, ctx, measured in recorded_steps(job):
                 if not chunks or measured <= 0:
@@ -100,16 +98,12 @@ def _step_rows(docs: list[dict], fitted: list[str]):
                 w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else [0.0] * 7
                 for n, before, last in chunks:
                     w = [a + b for a, b in zip(w, prefill(n, before, last))]
-                tokens, sequences, sampled, linear, attention, kv, expert = w
-                for k, v in (("weight_bytes", weights), ("expert_bytes", _expert_weight_bytes_read(spec, tokens, 1)),
-                             ("tokens", tokens), ("sequences", sequences), ("linear_flops", linear),
-                             ("kv_read_bytes", kv), ("attention_flops", attention), ("allreduces", 0.0),
-                             ("allreduce_bytes_each", _allreduce_bytes(spec, tokens, 1)), ("expert_flops", expert),
-                             ("expert_rows", _tokens_per_touched_expert(spec, tokens)),
-                             ("layers", spec.num_layers), ("moe_layers", moe_layers), ("eager", tokens > graph),
-                             ("piecewise", tokens - sampled >= 0.5), ("measured", measured)):
-                    rows[k].append(v)
-    return {k: np.asarray(v, dtype=bool if k in ("eager", "piecewise") else float) for k, v in rows.items()}
+                args.append(pricer.formula_args(*w))
+                measured_s.append(measured)
+    rows = {k: np.asarray([a[k] for a in args], dtype=bool if k in ("eager", "piecewise") else float)
+            for k in (args[0] if args else ()) if k != "tp"}
+    rows["measured"] = np.asarray(measured_s, dtype=float)
+    return rows
 
 
 def e2e_sources(paths: list[Path], fitted: list[str], root: Path | None = None) -> list[dict]:
@@ -142,7 +136,7 @@ def fit_host_terms(coeffs, sweep_features, docs: list[dict], fitted: list[str], 
     from servebook.perf.model import step_seconds
 
     g = gpu_numbers(gpu)
-    rows = _step_rows(docs, fitted)
+    rows = _step_rows(docs, fitted, g, coeffs)
     if not len(rows["measured"]):
         raise ServebookError(f"no recorded step with a prefill chunk among the fitted models {fitted}; "
                              "record their end-to-end jobs (servebook.lab.e2e_job) first")

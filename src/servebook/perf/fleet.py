@@ -232,11 +232,15 @@ def _mean_kv_hold(spec: ModelSpec, ctx: list[float], weights: list[float], *, tp
     return total
 
 
-def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int, kv: str) -> Work:
+def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int, kv: str) -> tuple[Work, float]:
+    """The mean prefill work of one of the workload's prompts with ``chunk`` tokens of budget per step,
+    and the mean number of chunks (steps) it takes."""
     total = Work()
     samples = w.input_tokens.samples
+    n_chunks = 0
     for n in samples:
         chunks = prompt_chunks(int(round(n)), max(chunk, 1))
+        n_chunks += len(chunks)
         for j, (t, prior) in enumerate(chunks):
             total = total + prefill_work(spec, t, prior_tokens=prior, tp=tp, kv_cache_dtype=kv,
                                          last_chunk=j == len(chunks) - 1)
@@ -244,12 +248,7 @@ def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int,
     # chunks of different requests share a step: count sequences once per step, not per chunk
     return Work(tokens=work.tokens, sequences=1.0, sampled_tokens=work.sampled_tokens,
                 linear_flops=work.linear_flops, attention_flops=work.attention_flops,
-                kv_read_bytes=work.kv_read_bytes, expert_flops=work.expert_flops)
-
-
-def _mean_chunks_per_request(w: Workload, chunk: int) -> float:
-    """Prefill chunks a prompt of the workload takes on average with ``chunk`` tokens of budget per step."""
-    return mean([float(len(prompt_chunks(int(round(n)), max(chunk, 1)))) for n in w.input_tokens.samples])
+                kv_read_bytes=work.kv_read_bytes, expert_flops=work.expert_flops), n_chunks / len(samples)
 
 
 def _expected_step_s(pricer: StepPricer, decode: Work, chunk: Work, chunks_per_step: float, max_chunks: int) -> float:
@@ -348,7 +347,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         if cap <= 0:
             raise ServebookError(f"max_num_batched_tokens {d.max_num_batched_tokens} leaves no room for prefill "
                                  f"beside {b_eff:.0f} x {q} decode tokens; raise it")
-        per_request_prefill = _prefill_work_per_request(spec, workload, int(cap), tp, d.kv_cache_dtype)
+        per_request_prefill, chunks = _prefill_work_per_request(spec, workload, int(cap), tp, d.kv_cache_dtype)
         finish_per_step = b_eff * e_tok / mean_out
         if finish_per_step * mean_in > cap:
             finish_per_step = cap / mean_in
@@ -374,20 +373,15 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     decode_only = alone.step_s
     if bound == "decode":
         # new prompts arrive a few per step: most steps decode only, some carry a chunk (see _expected_step_s)
-        chunks = _mean_chunks_per_request(workload, int(cap))
         step = _expected_step_s(pricer, decode, per_request_prefill.scaled(1.0 / chunks), finish_per_step * chunks,
                                 max(1, int(cap // max(1.0, per_request_prefill.tokens / chunks))))
     else:  # every step is filled with prefill up to the token budget
         step = mixed.step_s
-    if step != mixed.step_s:
-        # the mix of decode-only steps and steps carrying whole chunks, against one step carrying the mean prefill
-        prefill_terms_mix = step - mixed.step_s
-    else:
-        prefill_terms_mix = 0.0
 
     prefill_terms = {t: getattr(mixed, t) - getattr(alone, t)
                      for t in ("linear_s", "attention_s", "allreduce_s", "overhead_s")}
-    prefill_terms["step_mix_s"] = prefill_terms_mix
+    # the mix of decode-only steps and steps carrying whole chunks, against one step carrying the mean prefill
+    prefill_terms["step_mix_s"] = step - mixed.step_s
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
         draft_s = spec_k * draft_pass_s(drafter, d.gpu, coeffs, batch=b_eff, context_tokens=ctx,

@@ -242,6 +242,12 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
             "eager_extra_s": body_s - gpu_s, "compute_bound": compute_s > read_s}
 
 
+def carries_prefill(tokens, sampled_tokens):
+    """Whether a step carries a prefill chunk: it computes more tokens than it samples (a decoding
+    sequence samples every token it computes). Floats or arrays."""
+    return tokens - sampled_tokens >= 0.5
+
+
 def _moe_layers(spec: ModelSpec) -> int:
     return len(spec.moe.moe_layer_indices) if spec.moe else 0
 
@@ -276,20 +282,27 @@ class StepPricer:
         self.layers = float(spec.num_layers)
         self.moe_layers = float(_moe_layers(spec))
 
-    def terms(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
-              expert_flops) -> dict:
-        """:func:`step_seconds`' dict (floats) for a step whose :meth:`Work.astuple` is the arguments,
-        plus ``expert_bytes``, the routed-expert weight bytes it reads."""
+    def formula_args(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
+                     expert_flops) -> dict:
+        """The keyword arguments of :func:`step_seconds` (floats, ``tp`` included) for a step whose
+        :meth:`Work.astuple` is the arguments: what the step reads and computes, and how vLLM runs it."""
         spec, tp = self.spec, self.tp
         t = float(tokens)
-        expert_bytes = _expert_weight_bytes_read(spec, t, tp)
-        args = dict(weight_bytes=self.weight_bytes, expert_bytes=expert_bytes, tokens=t,
+        return dict(weight_bytes=self.weight_bytes, expert_bytes=_expert_weight_bytes_read(spec, t, tp), tokens=t,
                     sequences=float(sequences), linear_flops=float(linear_flops),
                     kv_read_bytes=float(kv_read_bytes), attention_flops=float(attention_flops),
                     allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
                     expert_flops=float(expert_flops), expert_rows=_tokens_per_touched_expert(spec, t),
                     layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
-                    piecewise=t - float(sampled_tokens) >= 0.5)
+                    piecewise=carries_prefill(t, float(sampled_tokens)))
+
+    def terms(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
+              expert_flops) -> dict:
+        """:func:`step_seconds`' dict (floats) for a step whose :meth:`Work.astuple` is the arguments,
+        plus ``expert_bytes``, the routed-expert weight bytes it reads."""
+        args = self.formula_args(tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
+                                 expert_flops)
+        t, expert_bytes = args["tokens"], args["expert_bytes"]
         try:
             out = _step_seconds(self.gpu, self.coeffs, **args)
         except (ZeroDivisionError, OverflowError):  # e.g. a step of no tokens: numpy's inf/nan, as over arrays
