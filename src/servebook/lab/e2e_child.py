@@ -147,13 +147,18 @@ def _step_columns(step_log: str | None, t0_mono: float, t1_mono: float) -> dict 
             "prefills": [s["prefills"] for s in steps]}
 
 
+#: Jobs fleet predicts shorter than this (seconds) do not raise the next jobs' expected durations.
+MIN_RATIO_PREDICTION_S = 5.0
+
+
 def run_job(llm, job: Job, engine_args: dict, config: dict, step_log: str | None, gpu: str) -> dict:
     from vllm import SamplingParams
 
     vocab = int(config.get("vocab_size", 32000))
     inputs, outputs = job_lengths(job, int(engine_args["max_model_len"]))
     prompts = [{"prompt_token_ids": p} for p in token_prompts(inputs, vocab, job.seed)]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False) for n in outputs]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=job.temperature, detokenize=False)
+              for n in outputs]
     before = _counters(llm)
     t0_wall, t0 = time.time(), time.monotonic()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -165,6 +170,7 @@ def run_job(llm, job: Job, engine_args: dict, config: dict, step_log: str | None
     produced, fed = sum(cols["output_tokens"]), sum(cols["prompt_tokens"])
     result = {
         "name": job.name, "shape": dataclasses.asdict(job.shape), "requests": job.requests, "seed": job.seed,
+        "temperature": job.temperature,
         "wall_s": wall, "prompt_tokens_asked": sum(inputs), "output_tokens_asked": sum(outputs),
         "prompt_tokens": fed, "output_tokens": produced, "output_tokens_per_s": produced / wall,
         "total_tokens_per_s": (produced + fed) / wall,
@@ -224,8 +230,12 @@ def main(case_path: str) -> None:
     device = "cuda" if current_platform.device_type == "cuda" else "cpu"
     model, config, engine_args = case["model"], case["config"], dict(case["engine_args"])
     out = Path(case["out"])
-    jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"]) for j in case["jobs"]]
-    warm_jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"]) for j in case.get("warm_up_jobs", [])]
+    jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0)) for j in case["jobs"]]
+    warm_jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0))
+                 for j in case.get("warm_up_jobs", [])]
+    # before the engine starts: its processes inherit these (a routing simulation, ...); the record's
+    # "environment" lists every VLLM_* variable the engine saw
+    os.environ.update(case.get("environment") or {})
     model_dir = write_model_dir(tempfile.mkdtemp(prefix="e2e-model-"), config, tokenizer=False)
     flags = dict(load_format="dummy", skip_tokenizer_init=True, disable_log_stats=False, **engine_args)
     step_log = None
@@ -238,7 +248,8 @@ def main(case_path: str) -> None:
            "weights": "dummy (random, load_format=dummy)", "config": config, "config_sha256": config_sha256(config),
            "engine_args": flags, "environment": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
            "method": ("one LLM per model; per job one LLM.generate call with every request submitted at once, "
-                      "distinct random token-id prompts, greedy, ignore_eos, max_tokens = the drawn output length; "
+                      "distinct random token-id prompts, greedy unless the job's temperature says otherwise, ignore_eos, "
+                      "max_tokens = the drawn output length; "
                       "wall_s = time.monotonic around generate; per-request timestamps from RequestOutput.metrics "
                       "(s after the job's start); counters are LLM.get_metrics() deltas; steps from "
                       "servebook.lab.step_recorder (t_s = when the step was scheduled); before the first job a warm-up "
@@ -296,7 +307,7 @@ def main(case_path: str) -> None:
         _write(out, doc)
         if "wall_s" in result:
             pred = result["fleet"].get("seconds")
-            if pred:
+            if pred and pred >= MIN_RATIO_PREDICTION_S:  # a 0.1 s job's one-time costs say nothing of a long one's
                 ratio = max(ratio, result["wall_s"] / pred)
             say(f"{model} {job.name}: {result['wall_s']:.1f} s, {result['output_tokens_per_s']:.0f} output tok/s, "
                 f"fleet {pred or float('nan'):.1f} s; peak decoding {result['peak_decoding']}, "

@@ -53,8 +53,8 @@ def _case(plan: E2EPlan, model: str, out_dir: Path, log: Path, gpu: str) -> dict
     return {"model": model, "kind": mp.kind, "config": mp.config(),
             "engine_args": mp.engine_args, "out": str(out_dir / f"e2e_{model}.json"), "log": str(log), "gpu": gpu,
             "record_steps": os.environ.get("SERVEBOOK_E2E_STEPS", "1") != "0",
-            "jobs": [{"shape": vars(j.shape), "requests": j.requests, "seed": j.seed} for j in mp.jobs],
-            "warm_up_jobs": [{"shape": vars(j.shape), "requests": j.requests, "seed": j.seed} for j in mp.warm_up]}
+            "environment": mp.environment,
+            "jobs": [j.as_case() for j in mp.jobs], "warm_up_jobs": [j.as_case() for j in mp.warm_up]}
 
 
 def _shortest_job_s(case: dict) -> float:
@@ -62,7 +62,7 @@ def _shortest_job_s(case: dict) -> float:
 
     best = None
     for j in case["jobs"]:
-        job = Job(case["model"], Shape(**j["shape"]), j["requests"], j["seed"])
+        job = Job(case["model"], Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0))
         try:
             inputs, outputs = job_lengths(job, int(case["engine_args"]["max_model_len"]))
             s = predict(case["config"], inputs, outputs, case["engine_args"], gpu=case["gpu"])["seconds"]

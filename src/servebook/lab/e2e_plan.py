@@ -46,10 +46,19 @@ class Job:
     shape: Shape
     requests: int
     seed: int
+    #: Sampling temperature (0: greedy). On random weights greedy decoding can make every request emit
+    #: the same tokens; sampling at 1.0 draws near-uniform random tokens instead.
+    temperature: float = 0.0
 
     @property
     def name(self) -> str:
-        return f"{self.shape.name}-{self.requests}"
+        base = f"{self.shape.name}-{self.requests}"
+        return base if not self.temperature else f"{base}-sampled"
+
+    def as_case(self) -> dict:
+        """The job as the engine child reads it (JSON)."""
+        return {"shape": vars(self.shape), "requests": self.requests, "seed": self.seed,
+                "temperature": self.temperature}
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class ModelPlan:
     #: The shipped reference model whose config the engine loads, when the plan's name for it differs
     #: (a second entry of the same model with other engine flags); None: ``model``.
     config_model: str | None = None
+    #: Environment variables set for the engine (e.g. ``VLLM_MOE_ROUTING_SIMULATION_STRATEGY``); the
+    #: record keeps every ``VLLM_*`` variable the engine saw.
+    environment: dict = field(default_factory=dict)
 
     def config(self) -> dict:
         """The config the engine loads: ``config_path``, else the shipped reference (its text tower)."""
@@ -127,21 +139,30 @@ def load_plan(path: str | Path | None = None) -> E2EPlan:
         def jobs_of(key: str, offset: int) -> tuple[Job, ...]:
             out = []
             for j, entry in enumerate(m.get(key, [])):
-                if not isinstance(entry, list) or len(entry) not in (2, 3):
-                    raise ServebookError(f"model {model!r}: a job is [shape, requests] or [shape, requests, seed], "
-                                         f"got {entry!r}")
+                options = entry[3] if isinstance(entry, list) and len(entry) == 4 else {}
+                if (not isinstance(entry, list) or len(entry) not in (2, 3, 4) or not isinstance(options, dict)
+                        or set(options) - {"temperature"}):
+                    raise ServebookError(f"model {model!r}: a job is [shape, requests], [shape, requests, seed] or "
+                                         f"[shape, requests, seed, {{temperature = T}}], got {entry!r}")
                 shape_name, requests = entry[0], entry[1]
                 if shape_name not in shapes:
                     raise ServebookError(f"model {model!r}: unknown shape {shape_name!r}; use one of {', '.join(shapes)}")
                 if int(requests) < 1:
                     raise ServebookError(f"model {model!r}: job {shape_name!r} needs at least 1 request")
-                seed = int(entry[2]) if len(entry) == 3 else seed_base + offset + j
-                out.append(Job(model, shapes[shape_name], int(requests), seed=seed))
+                seed = int(entry[2]) if len(entry) >= 3 else seed_base + offset + j
+                temperature = float(options.get("temperature", 0.0))
+                if temperature < 0:
+                    raise ServebookError(f"model {model!r}: job {shape_name!r} temperature must be >= 0")
+                out.append(Job(model, shapes[shape_name], int(requests), seed=seed, temperature=temperature))
             return tuple(out)
 
         config_path = str(path.parent / m["config"]) if "config" in m else None
+        environment = m.get("environment", {})
+        if not isinstance(environment, dict) or not all(isinstance(v, str) for v in environment.values()):
+            raise ServebookError(f"model {model!r}: environment must be a table of strings, got {environment!r}")
         models[model] = ModelPlan(model, m.get("kind", ""), dict(base, **m.get("engine", {})), jobs_of("jobs", 0),
-                                  config_path, warm_up=jobs_of("warm_up", 500), config_model=m.get("config_model"))
+                                  config_path, warm_up=jobs_of("warm_up", 500), config_model=m.get("config_model"),
+                                  environment=dict(environment))
     targets = {k: list(v) for k, v in raw.get("targets", {}).items()}
     for target, names in targets.items():
         for name in names:
