@@ -176,3 +176,49 @@ def test_run_does_not_start_an_engine_that_cannot_finish_before_the_deadline(tmp
     assert main(["run", "--models", "llama-3.1-8b", "--out", str(tmp_path)]) == 0
     assert "llama-3.1-8b: not started, needs ~" in capsys.readouterr().out
     assert not list(tmp_path.glob("e2e_*.json"))
+
+
+def _plan_text(models: str) -> str:
+    return ("[engine]\nmax_num_seqs = 8\nmax_num_batched_tokens = 256\ngpu_memory_utilization = 0.5\n"
+            "max_model_len = 512\n[shapes.s]\ninput_mean = 64\ninput_cv = 0\noutput_mean = 8\noutput_cv = 0\n"
+            + models)
+
+
+def test_a_job_may_be_sampled_and_a_model_may_set_the_engines_environment(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text(_plan_text('[models."llama-3.1-8b"]\n'
+                               'environment = { VLLM_MOE_ROUTING_SIMULATION_STRATEGY = "uniform_random" }\n'
+                               'jobs = [["s", 4, 7], ["s", 4, 7, { temperature = 1.0 }]]\n'))
+    mp = load_plan(path).model("llama-3.1-8b")
+    greedy, sampled = mp.jobs
+    assert (greedy.seed, greedy.temperature, sampled.seed, sampled.temperature) == (7, 0.0, 7, 1.0)
+    assert greedy.name == "s-4" and sampled.name == "s-4-sampled", "the two must stay apart in a record"
+    assert mp.environment == {"VLLM_MOE_ROUTING_SIMULATION_STRATEGY": "uniform_random"}
+    # what the engine child reads back is the same job
+    case = sampled.as_case()
+    assert Job(mp.model, Shape(**case["shape"]), case["requests"], case["seed"], case["temperature"]) == sampled
+
+
+@pytest.mark.parametrize("models,message", [
+    ('[models."llama-3.1-8b"]\njobs = [["s", 4, 7, { top_p = 0.9 }]]\n', "temperature = T"),
+    ('[models."llama-3.1-8b"]\njobs = [["s", 4, 7, { temperature = -1.0 }]]\n', "temperature must be >= 0"),
+    ('[models."llama-3.1-8b"]\nenvironment = { VLLM_X = 1 }\njobs = [["s", 4]]\n', "table of strings"),
+])
+def test_bad_job_options_and_environments_are_refused_by_name(tmp_path, models, message):
+    path = tmp_path / "plan.toml"
+    path.write_text(_plan_text(models))
+    with pytest.raises(ServebookError, match=message):
+        load_plan(path)
+
+
+def test_the_routing_and_attention_plans_load_and_say_what_they_test():
+    root = Path(__file__).resolve().parents[1] / "labs" / "tools"
+    routing = load_plan(root / "e2e_routing.toml")
+    assert routing.model("deepseek-v2-lite-uniform").environment["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "uniform_random"
+    swap = routing.model("gpt-oss-20b-decode-swap").jobs
+    assert [j.temperature for j in swap] == [1.0, 0.0, 1.0] and len({j.seed for j in swap}) == 1
+    attention = load_plan(root / "e2e_attention.toml")
+    sliding = attention.model("llama-3.1-8b-sliding4096").config()
+    assert set(sliding["layer_types"]) == {"sliding_attention"} and sliding["sliding_window"] == 4096
+    assert [j.seed for j in attention.model("llama-3.1-8b").jobs] == [j.seed for j in attention.model(
+        "llama-3.1-8b-sliding4096").jobs], "the two engines run the same requests"

@@ -153,3 +153,45 @@ def test_kv_read_counts_the_v_slot_vllm_keeps_for_k_equals_v_layers():
     elements = sum(kv_elements_per_token_per_gpu(l, 1) for l in spec.layers if l.owns_cache)
     assert elements * 2 == 901_120
     assert kv_cache_layout(spec).kv_bytes_per_token == 901_120
+
+
+def test_mxfp4_experts_are_read_at_their_own_width_and_count_rows_by_intensity():
+    """gpt-oss's routed experts are MXFP4: 4-bit values + one 8-bit scale per 32 (17/32 byte), their biases
+    16-bit; the rest of the model is 16-bit. The step model reads the experts at that width (not the
+    model's average) and counts an expert GEMM's rows as 16-bit rows of the same arithmetic intensity."""
+    from servebook.hf_config import MXFP4_BYTES_PER_PARAM, load_model_spec
+
+    oss, qwen = load_model_spec("gpt-oss-20b"), load_model_spec("qwen3-30b-a3b")
+    assert oss.moe.bytes_per_param == pytest.approx(MXFP4_BYTES_PER_PARAM, rel=0.01)
+    assert oss.moe.bytes_per_param > MXFP4_BYTES_PER_PARAM, "the biases are 16-bit"
+    assert qwen.moe.bytes_per_param == 2.0
+    average = oss.weight_bytes / oss.params.total
+    assert average > 1.2 * oss.moe.bytes_per_param, "a mixed checkpoint's average overstates its experts"
+    per_layer = oss.moe.params_per_expert * oss.moe.bytes_per_param
+    for t in (1.0, 32.0):
+        touched = W.expected_distinct_experts(oss, t)
+        assert W.expert_weight_bytes_read(oss, t) == pytest.approx(touched * per_layer * len(oss.moe.moe_layer_indices))
+        assert W.expert_gemm_rows(oss, t) == pytest.approx(W.tokens_per_touched_expert(oss, t) * 2 / oss.moe.bytes_per_param)
+        assert W.expert_gemm_rows(qwen, t) == W.tokens_per_touched_expert(qwen, t)
+    # the bytes not in experts are the 16-bit rest, embedding table included (untied in gpt-oss)
+    dense = W.dense_weight_bytes_read(oss) + oss.params.embedding * 2
+    assert dense + oss.params.experts * oss.moe.bytes_per_param == pytest.approx(oss.weight_bytes, rel=1e-9)
+
+
+def test_a_quantized_experts_decode_step_is_no_longer_priced_as_16_bit_work():
+    """At a few rows per expert the 16-bit expert GEMM is bound by its weights; an MXFP4 one reads a
+    quarter of the bytes and must not be priced at the 16-bit GEMM's cost (gpt-oss-20b on the H200 ran
+    decode steps of 32 requests in ~4.6 ms: labs/e2e_results.md)."""
+    import dataclasses
+
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+
+    oss = load_model_spec("gpt-oss-20b")
+    as_bf16 = dataclasses.replace(oss, moe=dataclasses.replace(oss.moe, bytes_per_param=2.0))
+    g = gpu_numbers("h200")
+    c, _ = calibrated_coefficients(g.name)
+    quantized = decode_step(oss, g, c, batch=32, context_tokens=600).step_s
+    sixteen = decode_step(as_bf16, g, c, batch=32, context_tokens=600).step_s
+    assert quantized < 0.6 * sixteen

@@ -33,6 +33,8 @@ Approximations (documented, deliberate):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 from dataclasses import dataclass
@@ -868,13 +870,22 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         layers=tuple(layer.attention for layer in model.layers),
         params=_param_count(model),
         weight_bytes=_weight_bytes(tensors, dtype, quant),
-        moe=model.moe,
+        moe=_with_expert_bytes(model.moe, tensors, dtype, quant),
         tie_word_embeddings=not any(t.category == LM_HEAD for t in tensors),
         intermediate_size=model.intermediate_size,
         torch_dtype=dtype,
         source=where,
         raw=cfg,
     )
+
+
+def _with_expert_bytes(moe: MoESpec | None, tensors: list[_Tensor], dtype: str, quant: Mapping | None):
+    """``moe`` with ``bytes_per_param`` of its routed-expert matrices as the engine loads them."""
+    experts = [t for t in tensors if t.category == EXPERTS]
+    values = sum(t.numel for t in experts)
+    if moe is None or not values:
+        return moe
+    return dataclasses.replace(moe, bytes_per_param=_weight_bytes(experts, dtype, quant) / values)
 
 
 def active_matmul_params(spec: ModelSpec) -> int:

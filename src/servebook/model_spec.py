@@ -66,6 +66,8 @@ class MoESpec:
         shared_intermediate_size: FFN width of the shared expert(s) block, 0 if none.
         moe_layer_indices: which decoder layers are MoE (others are dense MLPs).
         params_per_expert: parameters of one routed expert (all its matrices).
+        bytes_per_param: bytes per routed-expert weight as the engine loads them (2 for bf16, 17/32
+            for MXFP4 values + scales); None: the model's average (``weight_bytes / params.total``).
     """
 
     num_experts: int
@@ -75,6 +77,7 @@ class MoESpec:
     shared_intermediate_size: int
     moe_layer_indices: tuple[int, ...]
     params_per_expert: int
+    bytes_per_param: float | None = None
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from servebook.perf.work import (
     expert_weight_bytes_read,
     prefill_work,
     prompt_chunks,
-    tokens_per_touched_expert,
+    expert_gemm_rows,
 )
 
 SCHEMA = "servebook.step_timing/1"
@@ -254,7 +254,7 @@ class _Features:
                 rows["arbytes"].append(float(allreduce_bytes(spec, w.tokens, pt.tp)))
                 rows["tp"].append(pt.tp)
                 rows["eflops"].append(w.expert_flops)
-                rows["erows"].append(float(tokens_per_touched_expert(spec, w.tokens)))
+                rows["erows"].append(float(expert_gemm_rows(spec, w.tokens)))
                 rows["layers"].append(spec.num_layers)
                 rows["moe_layers"].append(len(spec.moe.moe_layer_indices) if spec.moe else 0)
                 rows["eager"].append(w.tokens > pt.cudagraph_max_tokens)

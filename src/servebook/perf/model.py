@@ -32,7 +32,9 @@ A step carries a prefill chunk when it computes more tokens than it samples
 with few rows (decode) cannot use the tensor cores as well as a prefill's
 thousands. Dense layers see every token of the step as a row; a routed expert
 sees only the tokens routed to it (``tokens x top-k / experts touched``), with
-its own peak ``expert_matmul_peak_eff``. ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
+its own peak ``expert_matmul_peak_eff``; those rows are scaled by ``2 / bytes per
+expert weight`` (:func:`servebook.perf.work.expert_gemm_rows`: quantized experts
+reach the compute-bound regime at fewer rows than the 16-bit ones it was fitted on). ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
 
 Every ``*_eff``, overhead and ``p`` is a :class:`Coefficients` field fitted by
 :mod:`servebook.perf.calibrate` to recorded vLLM measurements; peaks come from
@@ -54,7 +56,7 @@ from servebook.perf.work import (
     Work,
     _allreduce_bytes,
     _expert_weight_bytes_read,
-    _tokens_per_touched_expert,
+    _expert_gemm_rows,
     allreduce_count,
     check_tp,
     decode_work,
@@ -292,7 +294,7 @@ class StepPricer:
                     sequences=float(sequences), linear_flops=float(linear_flops),
                     kv_read_bytes=float(kv_read_bytes), attention_flops=float(attention_flops),
                     allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
-                    expert_flops=float(expert_flops), expert_rows=_tokens_per_touched_expert(spec, t),
+                    expert_flops=float(expert_flops), expert_rows=_expert_gemm_rows(spec, t),
                     layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
                     piecewise=carries_prefill(t, float(sampled_tokens)))
 

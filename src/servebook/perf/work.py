@@ -169,10 +169,40 @@ def _expected_distinct_experts(spec: ModelSpec, t):
     return e * (1.0 - (1.0 - k / e) ** t)
 
 
+def _expert_bytes_per_param(spec: ModelSpec) -> float:
+    """Bytes per routed-expert weight (the model's average where the spec does not say)."""
+    bpp = spec.moe.bytes_per_param if spec.moe is not None else None
+    return bpp if bpp is not None else _bytes_per_param(spec)
+
+
+#: Bytes per embedding weight: 16-bit in every format :mod:`servebook.hf_config` models.
+EMBEDDING_BYTES_PER_PARAM = 2.0
+#: Bytes per weight of the 16-bit experts the expert GEMM's row efficiency was fitted on.
+FITTED_EXPERT_BYTES_PER_PARAM = 2.0
+
+
+def expert_gemm_rows(spec: ModelSpec, tokens):
+    """Rows per touched expert as arithmetic intensity sees them: ``tokens_per_touched_expert`` scaled
+    by ``2 / bytes per expert weight``.
+
+    A GEMM of few rows is bound by streaming its weights; the rows it takes to become compute-bound
+    grow with the bytes per weight. The row-efficiency curve (``matmul_half_tokens``) was fitted on
+    16-bit experts, so for 4-bit MXFP4 experts (17/32 byte) one row counts as ~3.8 rows. A float for a
+    number of tokens, a numpy array for an array of them."""
+    return _expert_gemm_rows(spec, _float_or_array(tokens, "expert_gemm_rows over arrays"))
+
+
+def _expert_gemm_rows(spec: ModelSpec, t):
+    if spec.moe is None:
+        return t
+    return _tokens_per_touched_expert(spec, t) * (FITTED_EXPERT_BYTES_PER_PARAM / _expert_bytes_per_param(spec))
+
+
 def dense_weight_bytes_read(spec: ModelSpec, tp: int = 1) -> float:
     """Non-expert weight bytes one GPU reads per step (embedding gather excluded unless tied)."""
-    expert_bytes = spec.params.experts * _bytes_per_param(spec)
-    embedding_bytes = 0.0 if spec.tie_word_embeddings else spec.params.embedding * _bytes_per_param(spec)
+    expert_bytes = spec.params.experts * _expert_bytes_per_param(spec)
+    # the embedding table stays 16-bit in every checkpoint format modelled (hf_config._weight_bytes)
+    embedding_bytes = 0.0 if spec.tie_word_embeddings else spec.params.embedding * EMBEDDING_BYTES_PER_PARAM
     return (spec.weight_bytes - expert_bytes - embedding_bytes) / tp
 
 
@@ -187,7 +217,7 @@ def _expert_weight_bytes_read(spec: ModelSpec, t, tp: int):
     """:func:`expert_weight_bytes_read` of a float or float array ``t`` (a float for a float)."""
     if spec.moe is None:
         return 0.0 * t
-    per_expert = spec.moe.params_per_expert * _bytes_per_param(spec)
+    per_expert = spec.moe.params_per_expert * _expert_bytes_per_param(spec)
     layers = len(spec.moe.moe_layer_indices)
     return _expected_distinct_experts(spec, t) * per_expert * layers / tp
 
