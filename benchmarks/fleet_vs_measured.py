@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from servebook.lab.e2e_analysis import fitted_models, job_rows, summary
+from servebook.lab.e2e_analysis import fitted_models, in_scope, job_rows, summary
 from servebook.records import e2e_results
 
 
@@ -71,9 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             s = summary([r for r in rows if r["group"] == g], "finite_error")
             print(f"{g:8s}: servebook fleet --finite-job (steady state + simulated ramp and drain): MAE "
                   f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
+            s = summary([r for r in rows if r["group"] == g and in_scope(r)], "finite_error")
+            print(f"{g:8s}: the same, dense models and MoE with uniform (simulated) routing only ({s['jobs']} jobs): "
+                  f"MAE {_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
             s = summary([r for r in rows if r["group"] == g], "sim_error")
             print(f"{g:8s}: the simulator's replay (same step model, ramp and drain included): MAE "
                   f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
+    routed = sorted({r["model"] for r in rows if not in_scope(r)})
+    if routed:
+        print(f"random router (MoE on random weights, tokens not routed uniformly): {', '.join(routed)}")
     print("steady = share of the wall time at >= 90% of the job's peak batch; in a job of one batch of requests "
           "that is its decode-only part, so st.err compares fleet's mixed steady state with pure decoding there")
     notes = sorted({f"{r['model']}: GPU {r['gpu_source']}" for r in rows if not r["gpu_source"].startswith("recorded")})

@@ -384,10 +384,11 @@ def test_6_7_doubling_the_context_does_not_halve_a_hybrid_model_but_halves_a_den
 
 
 def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound():
+    from servebook.lab.e2e_analysis import find_job_record
     from servebook.lab.running_peak import running_peak
     from servebook.records import e2e_results
 
-    g = next(d for d in e2e_results() if d["model_id"] == "gemma-3-27b")
+    g = find_job_record(e2e_results(), "gemma-3-27b", "peak-6000-96")
     pk = running_peak(g, "peak-6000-96")
     assert (g["vllm_version"], g["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.7 'Measured on an H200 ... vLLM 0.26.0'"
     assert pk.predicted_running - 1 <= pk.measured_running <= pk.predicted_running, \

@@ -82,7 +82,9 @@ def e2e_results(directory: str | Path | None = None, folder: str = "e2e") -> lis
     ``directory`` is a results folder (see :func:`results_dir`) or a folder holding the files
     themselves (a test's fixtures). Raises ``FileNotFoundError`` naming the folder when it holds
     none, and ``ValueError`` naming a file of another schema. ``folder``: ``e2e`` (the jobs compared with
-    fleet) or ``e2e_repeat`` (jobs repeated on one engine to isolate one-time costs, not compared).
+    fleet), ``e2e_repeat`` (jobs repeated on one engine to isolate one-time costs), ``e2e_routing``
+    (gpt-oss-20b's one-time costs and sampling) or ``e2e_attention`` (decode at long contexts): the last
+    three are rendered, not compared.
     """
     base = results_dir(directory)
     folder = base / folder if (base / folder).is_dir() else base

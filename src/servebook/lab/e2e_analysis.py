@@ -59,10 +59,43 @@ def _catalogue_gpu(doc: dict, gpu: str | None) -> tuple[str, str]:
         return "h200", f"assumed h200: recorded on {reported!r}, not a catalogue GPU"
 
 
+#: vLLM's switch that replaces an MoE layer's router by a simulated one (``uniform_random``: each token's
+#: top-k experts drawn uniformly), in the fused-MoE paths that select experts before the kernel.
+ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
+
+
+def routing(doc: dict, moe: bool) -> str | None:
+    """How the record's MoE layers routed tokens: ``"uniform (simulated)"``, ``"random router"`` (the
+    model's own router on random weights), or None for a dense model."""
+    if not moe:
+        return None
+    strategy = (doc.get("environment") or {}).get(ROUTING_SIMULATION_ENV, "")
+    return "uniform (simulated)" if strategy.lower() == "uniform_random" else "random router"
+
+
+def in_scope(row: dict) -> bool:
+    """Whether a job ran what the step model describes: a dense model, or an MoE whose tokens were
+    routed uniformly. A random router on random weights can send a batch's tokens to fewer experts than
+    a trained, load-balanced router does (DeepSeek-V2-Lite's decode steps ran below the time uniform
+    routing takes just to read its experts), so such jobs measure the test, not the model."""
+    return row.get("routing") in (None, "uniform (simulated)")
+
+
+def find_job_record(docs: list[dict], model_id: str, job_name: str) -> dict:
+    """The record of ``model_id`` that holds a measured job ``job_name`` (a model can have several records)."""
+    for doc in docs:
+        if doc["model_id"] == model_id and any(j.get("name") == job_name and "wall_s" in j for j in doc["jobs"]):
+            return doc
+    from servebook.errors import ServebookError
+
+    raise ServebookError(f"no record of {model_id!r} holds a measured job {job_name!r}")
+
+
 def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:
     """One row per measured job of a record: fleet's prediction, the measurement, the steady state.
 
-    ``moe`` says whether the model's config has routed experts (from the config, not the plan's label).
+    ``moe`` says whether the model's config has routed experts (from the config, not the plan's label);
+    ``routing`` how its tokens were routed (:func:`routing`).
 
     With ``detail`` also ``servebook fleet --finite-job`` (``finite_s``, ``finite_error``: measured /
     predicted seconds - 1, i.e. predicted / measured output tokens/s - 1), the simulator's replay of
@@ -85,7 +118,8 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
         measured = job["output_tokens"] / job["wall_s"]
         steady = steady_state(job)
         row = {
-            "model": doc["model_id"], "kind": doc.get("kind", ""), "moe": moe, "job": job["name"],
+            "model": doc["model_id"], "kind": doc.get("kind", ""), "moe": moe, "routing": routing(doc, moe),
+            "job": job["name"],
             "group": "fitted" if doc["model_id"] in fitted else "held out", "gpu": g, "gpu_source": where,
             "vllm_version": doc.get("vllm_version"), "requests": job["requests"],
             "mean_input": statistics.fmean(cols["prompt_tokens"]), "mean_output": statistics.fmean(cols["output_tokens"]),
@@ -113,6 +147,14 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
                            / max(priced["all"]["measured_s"], 1e-12))
         rows.append(row)
     return rows
+
+
+def large_batch_decode_gap(row: dict, more_than: int = 64) -> float | None:
+    """Measured / predicted seconds - 1 over a row's decode-only steps of more than ``more_than``
+    requests (:func:`priced_steps`' batch buckets above it); None when it has none."""
+    buckets = [v for b, v in (row.get("steps_by_batch") or {}).items() if b > more_than and v["steps"]]
+    predicted = sum(v["predicted_s"] for v in buckets)
+    return sum(v["measured_s"] for v in buckets) / predicted - 1 if predicted > 0 else None
 
 
 def summary(rows: list[dict], key: str = "error") -> dict:
