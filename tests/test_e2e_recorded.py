@@ -29,10 +29,15 @@ def test_every_model_shape_and_both_workload_shapes_are_recorded(rows):
     assert {r["group"] for r in rows} == {"fitted", "held out"}, "the page compares fitted with held-out jobs"
 
 
-def test_the_goal_is_not_met_yet(rows):
-    """labs/e2e_results.md: 'The goal set for this check ... is not met' (mean <= 10%, worst <= 20%, held out)."""
-    s = summary(_held(rows), "finite_error")
-    assert s["mae"] > 0.10 or s["worst"] > 0.20, "the goal is met: the page's sentence and 6.22's lower bound must change"
+def test_the_goal_is_met_in_scope_and_not_over_every_held_out_job(rows):
+    """labs/e2e_results.md and 6.22: held out, mean absolute error <= 10% and worst <= 20% with
+    `servebook fleet --finite-job` on the jobs that ran what the model describes (dense models, MoE with
+    uniform routing); not over every held-out job."""
+    from servebook.lab.e2e_analysis import in_scope
+
+    scope = summary([r for r in _held(rows) if in_scope(r)], "finite_error")
+    assert scope["jobs"] >= 10 and scope["mae"] <= 0.10 and abs(scope["worst"]) <= 0.20, scope
+    assert summary(_held(rows), "finite_error")["mae"] > 0.10
 
 
 def test_moe_jobs_held_out_are_further_off_than_the_dense_ones(rows):
@@ -136,17 +141,23 @@ def test_dense_engines_repeat_themselves_closely():
 
 def test_sliding_window_kernels_not_mixed_lengths_cost_the_extra_decode_time():
     """labs/e2e_results.md, section "Decode steps at long contexts": the same shape and KV bytes, one
-    length per step or lognormal lengths, full or sliding-window attention."""
+    length per step or lognormal lengths, full or sliding-window attention; the third calibration stage
+    fitted on exactly these two records."""
+    import json
+
     from servebook.lab.e2e_analysis import large_batch_decode_gap
+    from servebook.perf.model import CALIBRATION_FILE
 
     gaps = {}
     for d in e2e_results(folder="e2e_attention"):
         for r in job_rows(d, fitted=fitted_models()):
             gaps[(r["model"], r["job"].startswith("long-prompt-fixed"))] = large_batch_decode_gap(r)
     full = [gaps[("llama-3.1-8b", fixed)] for fixed in (False, True)]
-    sliding = [gaps[("llama-3.1-8b-sliding4096", fixed)] for fixed in (False, True)]
     assert abs(full[0] - full[1]) < 0.05, "one length per step does not remove the gap"
-    assert min(sliding) > max(full) + 0.10, "the sliding-window kernel adds to it"
+    report = json.loads(CALIBRATION_FILE.read_text())["stage3"]["report"]["H200-SXM-141GB"]
+    assert report["sliding_ratio_before"] > report["full_attention_ratio"] + 0.10, "the sliding-window kernel adds to it"
+    sliding = [gaps[("llama-3.1-8b-sliding4096", fixed)] for fixed in (False, True)]
+    assert max(abs(a - b) for a in sliding for b in full) < 0.05, "with the fitted term the two engines agree"
 
 
 def test_vllm_logged_triton_compilation_during_gpt_oss_first_job():

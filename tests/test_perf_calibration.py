@@ -177,3 +177,60 @@ def test_shipped_second_stage_used_exactly_the_fitted_models_records():
             expected[str(f.relative_to(ROOT))] = hashlib.sha256(f.read_bytes()).hexdigest()
     assert expected and files == expected, "rerun python -m servebook.perf.calibrate"
     assert shipped["stage2"]["fitted_on"] == fitted
+
+
+def _attention_doc(model_id: str, config: dict, price, scale: float) -> dict:
+    """A ``servebook.e2e/1`` record of decode-only steps whose measured times are ``scale`` x ``price(b, ctx)``."""
+    t, decodes, contexts = [0.0], [], []
+    for b in (16, 64, 128, 256):
+        for ctx in (500, 1500, 3000):
+            decodes.append(b)
+            contexts.append(b * ctx)
+            t.append(t[-1] + scale * price(b, ctx))
+    decodes.append(1)
+    contexts.append(1)
+    n = len(decodes)
+    steps = {"t_s": t, "decodes": decodes, "decode_context_tokens": contexts, "prefills": [[]] * n,
+             "total_tokens": decodes, "prefill_requests": [0] * n, "prefill_tokens": [0] * n}
+    return {"model_id": model_id, "config": config, "engine_args": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+            "jobs": [{"name": "j", "steps": steps}]}
+
+
+def test_third_stage_recovers_a_known_sliding_efficiency_and_leaves_the_shared_gap_out():
+    """Two engines of one shape, full and sliding attention, both running 10% over the model's price
+    (a gap they share) and the sliding one's KV read at 0.7 of the full one's efficiency: the stage
+    finds 0.7, not the shared 10%."""
+    from dataclasses import replace
+
+    from servebook.hf_config import load_model_spec, load_reference_config
+    from servebook.perf import calibrate_sliding
+    from servebook.perf.model import decode_step
+
+    full_cfg = load_reference_config("llama-3.1-8b")
+    sliding_cfg = dict(full_cfg, layer_types=["sliding_attention"] * full_cfg["num_hidden_layers"], sliding_window=4096)
+    truth = replace(KNOWN, sliding_kv_bandwidth_eff=0.7)
+
+    def price(cfg):
+        s = load_model_spec(cfg)
+        return lambda b, ctx: decode_step(s, H200, truth, batch=b, context_tokens=ctx).step_s
+
+    docs = [_attention_doc("full", full_cfg, price(full_cfg), 1.1),
+            _attention_doc("sliding", sliding_cfg, price(sliding_cfg), 1.1)]
+    fitted, report = calibrate_sliding.fit_sliding_kv_eff(KNOWN, docs, H200)
+    assert fitted.sliding_kv_bandwidth_eff == pytest.approx(0.7, rel=1e-3)
+    assert report["full_attention_ratio"] == pytest.approx(1.1, rel=1e-6)
+    assert report["sliding_ratio_after"] == pytest.approx(1.1, rel=1e-6) and report["sliding_ratio_before"] > 1.2
+    assert replace(fitted, sliding_kv_bandwidth_eff=KNOWN.sliding_kv_bandwidth_eff) == KNOWN, "nothing else moves"
+    with pytest.raises(cal.ServebookError, match="with and without sliding-window"):
+        calibrate_sliding.fit_sliding_kv_eff(KNOWN, docs[:1], H200)
+
+
+def test_shipped_third_stage_used_exactly_the_attention_records():
+    shipped = json.loads(CALIBRATION_FILE.read_text())
+    files = {s["file"]: s["sha256"] for s in shipped["stage3"]["sources"]}
+    expected = {str(f.relative_to(ROOT)): hashlib.sha256(f.read_bytes()).hexdigest()
+                for f in sorted((ROOT / "labs" / "results" / "e2e_attention").glob("e2e_*.json"))}
+    assert len(expected) == 2 and files == expected, "rerun python -m servebook.perf.calibrate"
+    report = shipped["stage3"]["report"]["H200-SXM-141GB"]
+    eff = shipped["coefficients"]["H200-SXM-141GB"]["sliding_kv_bandwidth_eff"]
+    assert report["sliding_kv_bandwidth_eff"] == eff and 0.05 < eff < 1.0

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
-from servebook.perf import calibrate_steps
+from servebook.perf import calibrate_sliding, calibrate_steps
 from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
@@ -66,6 +66,7 @@ SPLIT_RULE = (
 
 DEFAULT_RESULTS_DIR = results_path("step_timing")
 DEFAULT_E2E_DIR = results_path("e2e")
+DEFAULT_ATTENTION_DIR = results_path("e2e_attention")
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ class _Features:
     def __init__(self, points: list[Point], specs: dict[str, ModelSpec], gpu: GPUNumbers):
         self.gpu = gpu
         rows: dict[str, list] = {k: [] for k in ("point", "weights", "experts", "tokens", "sequences", "linear",
-                                                  "kv", "attn", "allreduces", "arbytes", "tp", "eflops",
+                                                  "kv", "kv_sliding", "attn", "allreduces", "arbytes", "tp", "eflops",
                                                   "erows", "layers", "moe_layers", "eager", "piecewise")}
         for i, pt in enumerate(points):
             spec = specs[pt.model_id]
@@ -249,6 +250,7 @@ class _Features:
                 rows["sequences"].append(w.sequences)
                 rows["linear"].append(w.linear_flops)
                 rows["kv"].append(w.kv_read_bytes)
+                rows["kv_sliding"].append(w.kv_read_bytes_sliding)
                 rows["attn"].append(w.attention_flops)
                 rows["allreduces"].append(allreduce_count(spec, pt.tp))
                 rows["arbytes"].append(float(allreduce_bytes(spec, w.tokens, pt.tp)))
@@ -275,7 +277,7 @@ class _Features:
                              allreduces=r["allreduces"][m], allreduce_bytes_each=r["arbytes"][m], tp=int(tp),
                              expert_flops=r["eflops"][m], expert_rows=r["erows"][m], layers=r["layers"][m],
                              moe_layers=r["moe_layers"][m], eager=r["eager"][m] > 0,
-                             piecewise=r["piecewise"][m] > 0)
+                             piecewise=r["piecewise"][m] > 0, kv_read_bytes_sliding=r["kv_sliding"][m])
             np.add.at(total, r["point"][m].astype(int), t["step_s"])
         return total + np.where(self.is_prefill, c.request_overhead_s, 0.0)
 
@@ -357,12 +359,14 @@ def _e2e_records(e2e_dir, split) -> tuple[list[dict], list[Path], list[str]]:
 
 
 def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path | None = DEFAULT_E2E_DIR,
-              split: str | Path | None = None) -> dict:
+              split: str | Path | None = None, attention_dir: str | Path | None = DEFAULT_ATTENTION_DIR) -> dict:
     """Fit every GPU found under ``results_dir``; return the calibration record (not written).
 
     With end-to-end records under ``e2e_dir`` (None: none), the second stage
     (:mod:`servebook.perf.calibrate_steps`) then fits the host terms on the jobs of the models
-    ``split`` (default ``perf/data/e2e_split.json``) names as fitted.
+    ``split`` (default ``perf/data/e2e_split.json``) names as fitted. With records under
+    ``attention_dir`` (None: none), the third (:mod:`servebook.perf.calibrate_sliding`) fits the
+    sliding-window layers' KV efficiency.
     """
     root = Path(results_dir)
     files = sorted(root.glob("*.json")) if root.exists() else []
@@ -392,11 +396,22 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
         record["stage2"] = {"fits": list(calibrate_steps.FITTED), "split": str(split or calibrate_steps.SPLIT_PATH.name),
                             "fitted_on": fitted, "sources": calibrate_steps.e2e_sources(e2e_paths, fitted, checkout_root()),
                             "rule": calibrate_steps.__doc__.split("\n\n")[0], "report": {}}
+    att_docs, att_paths, _ = _e2e_records(attention_dir, split)
+    if att_docs:
+        record["stage3"] = {"fits": list(calibrate_sliding.FITTED),
+                            "sources": calibrate_sliding.sources(att_paths, checkout_root()),
+                            "rule": calibrate_sliding.__doc__.split("\n\n")[0], "report": {}}
+
+    def on(docs, gpu_name):
+        return [d for d in docs if catalogue_gpu_name((d.get("gpu") or {}).get("name", "")) == gpu_name]
+
     for gpu_name, pts in by_gpu.items():
-        report = evaluate(pts, specs, gpu_name, e2e_docs=[d for d in e2e_docs if catalogue_gpu_name(
-            (d.get("gpu") or {}).get("name", "")) == gpu_name], fitted=fitted)
+        report = evaluate(pts, specs, gpu_name, e2e_docs=on(e2e_docs, gpu_name), fitted=fitted,
+                          attention_docs=on(att_docs, gpu_name))
         if "stage2" in report:
             record["stage2"]["report"][gpu_name] = report["stage2"]
+        if "stage3" in report:
+            record["stage3"]["report"][gpu_name] = report["stage3"]
         record["coefficients"][gpu_name] = report["coefficients"].to_dict()
         record["heldout_mape"][gpu_name] = report["heldout_mape"]
         record["calibration_mape"][gpu_name] = report["calibration_mape"]
@@ -404,7 +419,7 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
 
 
 def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs: list[dict] | None = None,
-             fitted: list[str] | None = None) -> dict:
+             fitted: list[str] | None = None, attention_docs: list[dict] | None = None) -> dict:
     """Fit on the calibration points, then MAPE on calibration and held-out points, by phase and model.
 
     With ``e2e_docs`` holding steps of the ``fitted`` models, the second stage refits the host terms
@@ -418,6 +433,9 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs:
     stage2 = None
     if e2e_docs and fitted and any(d["model_id"] in fitted for d in e2e_docs):
         coeffs, stage2 = calibrate_steps.fit_host_terms(coeffs, _Features(calib, specs, g), e2e_docs, fitted, g)
+    stage3 = None
+    if attention_docs:
+        coeffs, stage3 = calibrate_sliding.fit_sliding_kv_eff(coeffs, attention_docs, g)
 
     def errors(pts):
         if not pts:
@@ -446,6 +464,8 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs:
     out = {"coefficients": coeffs, "calibration_mape": errors(calib), "heldout_mape": errors(held)}
     if stage2:
         out["stage2"] = stage2
+    if stage3:
+        out["stage3"] = stage3
     return out
 
 
@@ -491,11 +511,13 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e", default=str(DEFAULT_E2E_DIR),
                     help="directory of end-to-end job records (e2e_*.json) for the second stage")
     ap.add_argument("--split", default=None, help="JSON whose 'fitted_on' names the models the second stage may use")
+    ap.add_argument("--attention", default=str(DEFAULT_ATTENTION_DIR),
+                    help="directory of the sliding-window attention records (e2e_*.json) for the third stage")
     ap.add_argument("--out", default=str(CALIBRATION_FILE), help="calibration record to write")
     ap.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
     args = ap.parse_args(argv)
     try:
-        record = calibrate(args.results, args.e2e, args.split)
+        record = calibrate(args.results, args.e2e, args.split, args.attention)
     except ServebookError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2

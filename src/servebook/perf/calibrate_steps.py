@@ -77,7 +77,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
 
     from servebook.hf_config import load_model_spec
     from servebook.perf.model import StepPricer
-    from servebook.perf.work import PrefillWork, decode_work
+    from servebook.perf.work import PrefillWork, Work, decode_work
     from servebook.vllm_rules.compilation import cudagraph_max_tokens
 
     args: list[dict] = []
@@ -95,7 +95,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
             for chunks, decodes, ctx, measured in recorded_steps(job):
                 if not chunks or measured <= 0:
                     continue
-                w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else [0.0] * 7
+                w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else [0.0] * len(Work().astuple())
                 for n, before, last in chunks:
                     w = [a + b for a, b in zip(w, prefill(n, before, last))]
                 args.append(pricer.formula_args(*w))

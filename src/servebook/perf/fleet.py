@@ -21,6 +21,8 @@ hold KV for different times, the time-averaged context is
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -246,9 +248,7 @@ def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int,
                                          last_chunk=j == len(chunks) - 1)
     work = total.scaled(1.0 / len(samples))
     # chunks of different requests share a step: count sequences once per step, not per chunk
-    return Work(tokens=work.tokens, sequences=1.0, sampled_tokens=work.sampled_tokens,
-                linear_flops=work.linear_flops, attention_flops=work.attention_flops,
-                kv_read_bytes=work.kv_read_bytes, expert_flops=work.expert_flops), n_chunks / len(samples)
+    return dataclasses.replace(work, sequences=1.0), n_chunks / len(samples)
 
 
 def _expected_step_s(pricer: StepPricer, decode: Work, chunk: Work, chunks_per_step: float, max_chunks: int) -> float:

@@ -12,6 +12,7 @@ kernel class, joined by a smooth maximum):
 ``                  linear_flops / (FLOPS x matmul_eff(tokens)))``
 ``      + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
 ``      + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
+(sliding-window layers' share of the KV read goes at ``kv_eff x sliding_kv_bandwidth_eff``)
 ``body_s`` depends on how vLLM runs the step (``cudagraph_mode`` FULL_AND_PIECEWISE, its default):
 
 * a decode-only step of at most ``cudagraph_max_tokens`` tokens replays one full CUDA graph:
@@ -91,6 +92,8 @@ class Coefficients:
         eager_sequence_s: extra host time per sequence in an eager step, s.
         piecewise_sequence_s: extra time per sequence of a step that carries a prefill chunk and
             runs under piecewise CUDA graphs (attention launched eagerly), s.
+        sliding_kv_bandwidth_eff: the KV bandwidth sliding-window layers reach, as a fraction of
+            ``kv_bandwidth_eff`` (vLLM's sliding-window attention is slower per byte read); 1.0: the same.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
             measurement calibrated it (then 0 is used and results say so).
@@ -119,6 +122,7 @@ class Coefficients:
     eager_moe_layer_s: float = 0.0
     eager_sequence_s: float = 0.0
     piecewise_sequence_s: float = 0.0
+    sliding_kv_bandwidth_eff: float = 1.0
     gpu: str = ""
     source: str = ""
 
@@ -180,7 +184,7 @@ class StepBreakdown:
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
                  tp: int = 1, expert_flops=0.0, expert_rows=1.0, layers=0, moe_layers=0, eager=False,
-                 piecewise=False) -> dict:
+                 kv_read_bytes_sliding=0.0, piecewise=False) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
@@ -198,12 +202,13 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
                          expert_flops=np.asarray(expert_flops, dtype=float),
                          expert_rows=np.asarray(expert_rows, dtype=float), layers=np.asarray(layers, dtype=float),
                          moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool),
-                         piecewise=np.asarray(piecewise, dtype=bool))
+                         piecewise=np.asarray(piecewise, dtype=bool),
+                         kv_read_bytes_sliding=np.asarray(kv_read_bytes_sliding, dtype=float))
 
 
 def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences, linear_flops,
                   kv_read_bytes, attention_flops, allreduces, allreduce_bytes_each, tp: int, expert_flops,
-                  expert_rows, layers, moe_layers, eager, piecewise=False) -> dict:
+                  expert_rows, layers, moe_layers, eager, piecewise=False, kv_read_bytes_sliding=0.0) -> dict:
     """:func:`step_seconds` on float arrays, or on Python floats (then it returns floats).
 
     The one copy of the formula: :func:`step_seconds` gives it arrays, :class:`StepPricer`
@@ -218,8 +223,11 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     expert_eff = expert_peak * rows / (rows + c.matmul_half_tokens)
     compute_s = (linear_flops - expert_flops) / (flops * matmul_eff) + expert_flops / (flops * expert_eff)
     linear_s = _smoothmax(read_s, compute_s, c.smoothmax_p)
-    attention_s = _smoothmax(kv_read_bytes / (bw * c.kv_bandwidth_eff),
-                             attention_flops / (flops * c.attention_eff), c.smoothmax_p)
+    # sliding-window layers read their share of the KV at their own (lower) efficiency: the extra time of
+    # those bytes (exactly 0 when the efficiency is the full-attention one)
+    kv_bw = bw * c.kv_bandwidth_eff
+    kv_s = kv_read_bytes / kv_bw + kv_read_bytes_sliding * (1.0 / (kv_bw * c.sliding_kv_bandwidth_eff) - 1.0 / kv_bw)
+    attention_s = _smoothmax(kv_s, attention_flops / (flops * c.attention_eff), c.smoothmax_p)
     allreduce_s = 0.0 * tokens
     if tp > 1:
         link = g.link_bytes_per_s_each_way * (c.link_eff if c.link_eff is not None else 1.0)
@@ -285,7 +293,7 @@ class StepPricer:
         self.moe_layers = float(_moe_layers(spec))
 
     def formula_args(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
-                     expert_flops) -> dict:
+                     expert_flops, kv_read_bytes_sliding=0.0) -> dict:
         """The keyword arguments of :func:`step_seconds` (floats, ``tp`` included) for a step whose
         :meth:`Work.astuple` is the arguments: what the step reads and computes, and how vLLM runs it."""
         spec, tp = self.spec, self.tp
@@ -296,14 +304,15 @@ class StepPricer:
                     allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
                     expert_flops=float(expert_flops), expert_rows=_expert_gemm_rows(spec, t),
                     layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
-                    piecewise=carries_prefill(t, float(sampled_tokens)))
+                    piecewise=carries_prefill(t, float(sampled_tokens)),
+                    kv_read_bytes_sliding=float(kv_read_bytes_sliding))
 
     def terms(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
-              expert_flops) -> dict:
+              expert_flops, kv_read_bytes_sliding=0.0) -> dict:
         """:func:`step_seconds`' dict (floats) for a step whose :meth:`Work.astuple` is the arguments,
         plus ``expert_bytes``, the routed-expert weight bytes it reads."""
         args = self.formula_args(tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
-                                 expert_flops)
+                                 expert_flops, kv_read_bytes_sliding)
         t, expert_bytes = args["tokens"], args["expert_bytes"]
         try:
             out = _step_seconds(self.gpu, self.coeffs, **args)

@@ -234,6 +234,7 @@ class Work:
         attention_flops: FLOPs of QK^T and PV.
         kv_read_bytes: KV-cache bytes read by attention.
         expert_flops: the part of ``linear_flops`` spent in routed experts.
+        kv_read_bytes_sliding: the part of ``kv_read_bytes`` read by sliding-window layers.
     """
 
     tokens: float = 0.0
@@ -243,6 +244,7 @@ class Work:
     attention_flops: float = 0.0
     kv_read_bytes: float = 0.0
     expert_flops: float = 0.0
+    kv_read_bytes_sliding: float = 0.0
 
     def __add__(self, other: "Work") -> "Work":
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -252,7 +254,7 @@ class Work:
 
     def astuple(self) -> tuple[float, ...]:
         return (self.tokens, self.sequences, self.sampled_tokens, self.linear_flops,
-                self.attention_flops, self.kv_read_bytes, self.expert_flops)
+                self.attention_flops, self.kv_read_bytes, self.expert_flops, self.kv_read_bytes_sliding)
 
 
 def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
@@ -288,6 +290,7 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
         w = [x / total for x in w]
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
     kv_bytes = 0.0
+    kv_sliding = 0.0
     attn_flops = 0.0
     mean_keys_by_window: dict = {}
     for layer in spec.layers:
@@ -296,7 +299,10 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
         if mean_keys is None:
             keys = ctx if window is None else [c if c <= window else float(window) for c in ctx]
             mean_keys = mean_keys_by_window[window] = w[0] * keys[0] if len(ctx) == 1 else dot(w, keys)
-        kv_bytes += mean_keys * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+        layer_bytes = mean_keys * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
+        kv_bytes += layer_bytes
+        if window is not None:
+            kv_sliding += layer_bytes
         q_heads = spec.num_attention_heads / tp
         # each of the q query tokens attends (about) the whole context
         attn_flops += 2 * q_heads * _attention_dims(spec, layer) * (mean_keys + (query_tokens + 1) / 2) * query_tokens
@@ -304,7 +310,7 @@ def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
     linear = 2.0 * (matmul_params_per_token(spec) * tokens + _head_params(spec) * tokens) / tp
     return Work(tokens=tokens, sequences=batch, sampled_tokens=tokens, linear_flops=linear,
                 attention_flops=attn_flops * batch, kv_read_bytes=kv_bytes * batch,
-                expert_flops=expert_flops_per_token(spec) * tokens / tp)
+                expert_flops=expert_flops_per_token(spec) * tokens / tp, kv_read_bytes_sliding=kv_sliding * batch)
 
 
 def prefill_work(spec: ModelSpec, tokens, *, prior_tokens=0, tp: int = 1,
@@ -346,21 +352,26 @@ class PrefillWork:
         if self.groups and n.is_integer() and p.is_integer():
             summed = _attention_and_kv_in_integers(self.groups, int(n), int(p))
             if summed is not None:
-                attn_flops, kv_bytes = summed
+                attn_flops, kv_bytes, kv_sliding = summed
                 sampled = 1.0 if last_chunk else 0.0
                 linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
-                return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
+                return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp,
+                        kv_sliding)
         dtype_bytes = self.dtype_bytes
         attn_flops = 0.0
         kv_bytes = 0.0
+        kv_sliding = 0.0
         for window, flops_per_key, kv_elements in self.layers:
             attn_flops += flops_per_key * _causal_keys(p, n, window)
             prior_read = p if window is None else min(p, window)
             # read prior KV once, write the chunk's own KV once
-            kv_bytes += (prior_read + n) * kv_elements * dtype_bytes
+            layer_bytes = (prior_read + n) * kv_elements * dtype_bytes
+            kv_bytes += layer_bytes
+            if window is not None:
+                kv_sliding += layer_bytes
         sampled = 1.0 if last_chunk else 0.0
         linear = 2.0 * (self.matmul_params * n + self.head_params * sampled) / self.tp
-        return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp)
+        return (n, 1.0, sampled, linear, attn_flops, kv_bytes, self.expert_flops_per_token * n / self.tp, kv_sliding)
 
 
 #: Whole numbers up to this are exact in a float64, and so are sums of them that stay below it.
@@ -380,8 +391,9 @@ def _integer_layer_groups(layers, dtype_bytes: int) -> tuple | None:
     return tuple((w, f, b) for w, (f, b) in groups.items())
 
 
-def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float] | None:
-    """A prefill chunk's attention FLOPs and KV bytes, summed over layer groups in integers.
+def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float, float] | None:
+    """A prefill chunk's attention FLOPs, KV bytes and sliding-window layers' KV bytes, summed over layer
+    groups in integers.
 
     :class:`PrefillWork` adds one whole number per layer in floats; while every term and partial
     sum is below 2**53 each of those additions is exact, so the integer sum here is the same float.
@@ -389,7 +401,7 @@ def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float]
     """
     if n * (n + 1) >= _EXACT_INT:
         return None
-    attn = kv = 0
+    attn = kv = sliding = 0
     for window, flops_per_key, kv_per_token in groups:
         if window is None:
             keys, prior_read = n * p + n * (n + 1) // 2, p
@@ -398,9 +410,11 @@ def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float]
             keys, prior_read = k * p + k * (k + 1) // 2 + (n - k) * window, min(p, window)
         attn += flops_per_key * keys
         kv += (prior_read + n) * kv_per_token
+        if window is not None:
+            sliding += (prior_read + n) * kv_per_token
     if attn >= _EXACT_INT or kv >= _EXACT_INT:
         return None
-    return float(attn), float(kv)
+    return float(attn), float(kv), float(sliding)
 
 
 def prompt_chunks(prompt_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:

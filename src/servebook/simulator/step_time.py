@@ -118,7 +118,7 @@ class PerfStepTime:
         whole number >= 0, so they are not checked again.
         """
         pricer = self._pricer or self._keep_constants()
-        work = self._decode_work(decode_contexts, context_total) if decode_contexts else [0.0] * 7
+        work = self._decode_work(decode_contexts, context_total) if decode_contexts else [0.0] * WORK_FIELDS
         prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
             work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
@@ -183,6 +183,8 @@ class PerfStepTime:
 
 #: Integers up to this are exact in a float64 (the 53-bit significand), and so are their sums below it.
 _EXACT_INT = 2 ** 53
+#: Fields of ``Work.astuple()``.
+WORK_FIELDS = 8
 
 
 class _DecodeSums:
@@ -190,11 +192,12 @@ class _DecodeSums:
 
     One decoder's work is ``a + b_full x c + sum over windows W of b_W x min(c, W)`` for its context
     ``c`` (:func:`~servebook.perf.work.decode_work`: the KV it reads and the keys it attends grow with
-    the context, capped at the window on sliding layers; the other five fields are constant).
+    the context, capped at the window on sliding layers, the last also counted apart for the sliding
+    layers alone; the other five fields are constant).
     :meth:`PerfStepTime._decode_work` adds the rows one by one in floats. Here:
 
     * a constant field's sum is that of ``n`` equal terms, kept per ``n`` (:func:`sum` of them, once);
-    * the two growing fields (attention FLOPs, KV bytes) have whole-number coefficients, so each
+    * the three growing fields (attention FLOPs, KV bytes, sliding layers' KV bytes) have whole-number coefficients, so each
       decoder's value is a whole number and every partial sum below 2**53 is exact in floats, in any
       order: ``n x a + b_full x sum(c) + sum_W b_W x sum(min(c, W))`` in Python integers is the same
       float -- three sums over the step's contexts instead of seven per decoder.
@@ -203,11 +206,11 @@ class _DecodeSums:
     is negative, or a sum reaches 2**53.
     """
 
-    GROWING = (4, 5)  # Work.astuple() positions of attention_flops and kv_read_bytes
+    GROWING = (4, 5, 7)  # Work.astuple() positions of attention_flops, kv_read_bytes, kv_read_bytes_sliding
 
     def __init__(self, const: tuple, full: tuple[int, int], windows: tuple[tuple[int, tuple[int, int]], ...]):
         self.const, self.full, self.windows = const, full, windows
-        self.const_attn, self.const_kv = (int(const[i]) for i in self.GROWING)
+        self.const_attn, self.const_kv, self.const_sliding = (int(const[i]) for i in self.GROWING)
         self.repeated: dict[int, list] = {}
 
     def __bool__(self) -> bool:
@@ -254,10 +257,12 @@ class _DecodeSums:
                 return None
         b_attn, b_kv = self.full
         attn, kv = self.const_attn * n + b_attn * total, self.const_kv * n + b_kv * total
+        sliding = self.const_sliding * n
         for w, (b_attn, b_kv) in self.windows:
             capped = sum([c if c < w else w for c in contexts])
             attn += b_attn * capped
             kv += b_kv * capped
+            sliding += b_kv * capped
         if attn >= _EXACT_INT or kv >= _EXACT_INT:
             return None
         out = self.repeated.get(n)
@@ -266,6 +271,7 @@ class _DecodeSums:
         out = out.copy()
         out[4] = float(attn)
         out[5] = float(kv)
+        out[7] = float(sliding)
         return out
 
 
