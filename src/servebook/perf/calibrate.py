@@ -20,6 +20,11 @@ every model measured on it (so the same efficiencies must explain a dense 8B, a
 dense 32B and an MoE), minimising squared log error; the held-out points are
 then predicted and their mean absolute percentage error (MAPE) reported.
 
+Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
+shapes only: :mod:`servebook.perf.calibrate_steps` the host terms of steps that do not replay one full
+CUDA graph (``labs/results/e2e``), :mod:`servebook.perf.calibrate_sliding` the sliding-window layers'
+KV efficiency (``labs/results/e2e_attention``).
+
 Run ``python -m servebook.perf.calibrate`` to refit and write
 ``servebook/perf/data/calibration.json``.
 """
