@@ -33,11 +33,9 @@ Approximations (documented, deliberate):
 """
 from __future__ import annotations
 
-import dataclasses
-
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -885,7 +883,7 @@ def _with_expert_bytes(moe: MoESpec | None, tensors: list[_Tensor], dtype: str, 
     values = sum(t.numel for t in experts)
     if moe is None or not values:
         return moe
-    return dataclasses.replace(moe, bytes_per_param=_weight_bytes(experts, dtype, quant) / values)
+    return replace(moe, bytes_per_param=_weight_bytes(experts, dtype, quant) / values)
 
 
 def active_matmul_params(spec: ModelSpec) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from servebook.lab import deadline
 from servebook.lab.concurrency import peak_concurrency
-from servebook.lab.e2e_plan import Job, Shape, job_lengths, predict, token_prompts
+from servebook.lab.e2e_plan import Job, job_lengths, predict, token_prompts
 from servebook.lab.step_log import STEP_LOG_ENV, step_log_engine_args
 from servebook.provenance import config_sha256, device_info, utc_now_iso, vllm_version
 
@@ -230,9 +230,8 @@ def main(case_path: str) -> None:
     device = "cuda" if current_platform.device_type == "cuda" else "cpu"
     model, config, engine_args = case["model"], case["config"], dict(case["engine_args"])
     out = Path(case["out"])
-    jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0)) for j in case["jobs"]]
-    warm_jobs = [Job(model, Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0))
-                 for j in case.get("warm_up_jobs", [])]
+    jobs = [Job.from_case(model, j) for j in case["jobs"]]
+    warm_jobs = [Job.from_case(model, j) for j in case.get("warm_up_jobs", [])]
     # before the engine starts: its processes inherit these (a routing simulation, ...); the record's
     # "environment" lists every VLLM_* variable the engine saw
     os.environ.update(case.get("environment") or {})

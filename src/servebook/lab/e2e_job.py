@@ -58,11 +58,11 @@ def _case(plan: E2EPlan, model: str, out_dir: Path, log: Path, gpu: str) -> dict
 
 
 def _shortest_job_s(case: dict) -> float:
-    from servebook.lab.e2e_plan import Job, Shape
+    from servebook.lab.e2e_plan import Job
 
     best = None
     for j in case["jobs"]:
-        job = Job(case["model"], Shape(**j["shape"]), j["requests"], j["seed"], j.get("temperature", 0.0))
+        job = Job.from_case(case["model"], j)
         try:
             inputs, outputs = job_lengths(job, int(case["engine_args"]["max_model_len"]))
             s = predict(case["config"], inputs, outputs, case["engine_args"], gpu=case["gpu"])["seconds"]

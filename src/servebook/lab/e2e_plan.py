@@ -60,6 +60,11 @@ class Job:
         return {"shape": vars(self.shape), "requests": self.requests, "seed": self.seed,
                 "temperature": self.temperature}
 
+    @classmethod
+    def from_case(cls, model: str, case: dict) -> "Job":
+        """The job :meth:`as_case` wrote (a case without ``temperature`` is greedy)."""
+        return cls(model, Shape(**case["shape"]), case["requests"], case["seed"], case.get("temperature", 0.0))
+
 
 @dataclass(frozen=True)
 class ModelPlan:

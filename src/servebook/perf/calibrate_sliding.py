@@ -17,7 +17,6 @@ Every other coefficient is kept.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -30,14 +29,8 @@ FITTED = ("sliding_kv_bandwidth_eff",)
 BOUNDS = (0.05, 1.0)
 
 
-def _has_sliding_layers(doc: dict) -> bool:
-    from servebook.hf_config import load_model_spec
-
-    return any(layer.sliding_window is not None for layer in load_model_spec(doc["config"]).layers)
-
-
 def _decode_steps(doc: dict, gpu, coeffs):
-    """``(pricer, [(work tuple, measured s)])`` for the record's decode-only steps."""
+    """``(pricer, [(work tuple, measured s)])`` for the record's decode-only steps (``pricer.spec``: its model)."""
     from servebook.hf_config import load_model_spec
     from servebook.perf.calibrate_steps import recorded_steps
     from servebook.perf.model import StepPricer
@@ -55,6 +48,10 @@ def _decode_steps(doc: dict, gpu, coeffs):
     return pricer, steps
 
 
+def _has_sliding_layers(pricer) -> bool:
+    return any(layer.sliding_window is not None for layer in pricer.spec.layers)
+
+
 def fit_sliding_kv_eff(coeffs, docs: list[dict], gpu) -> tuple:
     """``coeffs`` with ``sliding_kv_bandwidth_eff`` fitted on ``docs`` (see the module docstring).
 
@@ -64,13 +61,12 @@ def fit_sliding_kv_eff(coeffs, docs: list[dict], gpu) -> tuple:
     from servebook.perf.gpu import gpu_numbers
 
     g = gpu_numbers(gpu)
-    full = [d for d in docs if not _has_sliding_layers(d)]
-    sliding = [d for d in docs if _has_sliding_layers(d)]
-    if not full or not sliding:
+    priced = [_decode_steps(d, g, coeffs) for d in docs]
+    full_steps = [p for p in priced if not _has_sliding_layers(p[0])]
+    sliding_steps = [p for p in priced if _has_sliding_layers(p[0])]
+    if not full_steps or not sliding_steps:
         raise ServebookError("the sliding-window stage needs records of one shape with and without sliding-window "
                              f"layers (labs/tools/e2e_attention.toml); got {[d['model_id'] for d in docs]}")
-    full_steps = [_decode_steps(d, g, coeffs) for d in full]
-    sliding_steps = [_decode_steps(d, g, coeffs) for d in sliding]
 
     def ratio(groups, c):
         measured = sum(m for _, steps in groups for _, m in steps)
@@ -104,11 +100,7 @@ def fit_sliding_kv_eff(coeffs, docs: list[dict], gpu) -> tuple:
 
 
 def sources(paths: list[Path], root: Path | None = None) -> list[dict]:
-    """Provenance of the records the stage used: file, sha256, model, date, vLLM version."""
-    out = []
-    for p in paths:
-        doc = json.loads(p.read_text())
-        rel = str(p.relative_to(root)) if root and p.is_relative_to(root) else str(p)
-        out.append({"file": rel, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "model": doc["model_id"],
-                    "date": doc.get("date"), "vllm_version": doc.get("vllm_version")})
-    return out
+    """:func:`servebook.perf.calibrate_steps.record_source` of each record the stage used."""
+    from servebook.perf.calibrate_steps import record_source
+
+    return [record_source(p, json.loads(p.read_text()), root) for p in paths]

@@ -77,7 +77,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
 
     from servebook.hf_config import load_model_spec
     from servebook.perf.model import StepPricer
-    from servebook.perf.work import PrefillWork, Work, decode_work
+    from servebook.perf.work import NO_WORK, PrefillWork, decode_work
     from servebook.vllm_rules.compilation import cudagraph_max_tokens
 
     args: list[dict] = []
@@ -95,7 +95,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
             for chunks, decodes, ctx, measured in recorded_steps(job):
                 if not chunks or measured <= 0:
                     continue
-                w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else [0.0] * len(Work().astuple())
+                w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else list(NO_WORK)
                 for n, before, last in chunks:
                     w = [a + b for a, b in zip(w, prefill(n, before, last))]
                 args.append(pricer.formula_args(*w))
@@ -106,16 +106,22 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
     return rows
 
 
+def record_source(path: Path, doc: dict, root: Path | None = None) -> dict:
+    """Provenance of one end-to-end record a fit used: file (relative to ``root``), sha256, model, date,
+    vLLM version."""
+    rel = str(path.relative_to(root)) if root and path.is_relative_to(root) else str(path)
+    return {"file": rel, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "model": doc["model_id"],
+            "date": doc.get("date"), "vllm_version": doc.get("vllm_version")}
+
+
 def e2e_sources(paths: list[Path], fitted: list[str], root: Path | None = None) -> list[dict]:
-    """Provenance of the end-to-end records a fit used: file, sha256, model, date, vLLM version."""
+    """:func:`record_source` of each record of a ``fitted`` model, with its steps that carried a prefill."""
     out = []
     for p in paths:
         doc = json.loads(p.read_text())
         if doc.get("model_id") in fitted:
-            rel = str(p.relative_to(root)) if root and p.is_relative_to(root) else str(p)
-            out.append({"file": rel, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "model": doc["model_id"],
-                        "date": doc.get("date"), "vllm_version": doc.get("vllm_version"),
-                        "steps_with_prefill": sum(1 for j in doc.get("jobs", []) for c, *_ in recorded_steps(j) if c)})
+            out.append(record_source(p, doc, root)
+                       | {"steps_with_prefill": sum(1 for j in doc.get("jobs", []) for c, *_ in recorded_steps(j) if c)})
     return out
 
 

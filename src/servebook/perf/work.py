@@ -257,6 +257,10 @@ class Work:
                 self.attention_flops, self.kv_read_bytes, self.expert_flops, self.kv_read_bytes_sliding)
 
 
+#: :meth:`Work.astuple` of a step with nothing in it (as many zeros as Work has fields).
+NO_WORK = Work().astuple()
+
+
 def decode_work(spec: ModelSpec, batch: float, context_tokens, *, tp: int = 1,
                 kv_cache_dtype: str | int = "auto", query_tokens: int = 1,
                 context_weights=None) -> Work:
@@ -409,9 +413,10 @@ def _attention_and_kv_in_integers(groups, n: int, p: int) -> tuple[float, float,
             k = min(max(window - p, 0), n)  # queries whose position is <= window
             keys, prior_read = k * p + k * (k + 1) // 2 + (n - k) * window, min(p, window)
         attn += flops_per_key * keys
-        kv += (prior_read + n) * kv_per_token
+        layer_kv = (prior_read + n) * kv_per_token
+        kv += layer_kv
         if window is not None:
-            sliding += (prior_read + n) * kv_per_token
+            sliding += layer_kv
     if attn >= _EXACT_INT or kv >= _EXACT_INT:
         return None
     return float(attn), float(kv), float(sliding)

@@ -118,7 +118,12 @@ class PerfStepTime:
         whole number >= 0, so they are not checked again.
         """
         pricer = self._pricer or self._keep_constants()
-        work = self._decode_work(decode_contexts, context_total) if decode_contexts else [0.0] * WORK_FIELDS
+        if decode_contexts:
+            work = self._decode_work(decode_contexts, context_total)
+        else:
+            from servebook.perf.work import NO_WORK
+
+            work = list(NO_WORK)
         prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
             work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
@@ -183,8 +188,6 @@ class PerfStepTime:
 
 #: Integers up to this are exact in a float64 (the 53-bit significand), and so are their sums below it.
 _EXACT_INT = 2 ** 53
-#: Fields of ``Work.astuple()``.
-WORK_FIELDS = 8
 
 
 class _DecodeSums:
