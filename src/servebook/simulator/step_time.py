@@ -124,6 +124,33 @@ class PerfStepTime:
             from servebook.perf.work import NO_WORK
 
             work = list(NO_WORK)
+        return self._with_prefill(pricer, work, prefill_chunks)
+
+    @property
+    def lane_windows(self) -> tuple[int, ...] | None:
+        """The sliding windows (tokens) whose capped context sums :meth:`step_s_with_lane` takes, in its
+        order; None when this model cannot price decoders from sums (then every context is needed)."""
+        sums = self._sums()
+        return sums.window_sizes if sums else None
+
+    def step_s_with_lane(self, prefill_chunks, decode_contexts, lane_decoders: int, lane_context_total: int,
+                         lane_capped) -> float | None:
+        """:meth:`step_s` for a step whose decoders are ``decode_contexts`` plus ``lane_decoders`` more
+        (>= 1) of which the simulator knows only sums: their contexts add up to ``lane_context_total``
+        tokens and, capped at each of :attr:`lane_windows`, to ``lane_capped``. The same float as
+        :meth:`step_s` with every context; None when a sum passes 2**53 (then call :meth:`step_s`)."""
+        pricer = self._pricer or self._keep_constants()
+        sums = self._sums()
+        capped = [sum([c if c < w else w for c in decode_contexts]) + lane
+                  for w, lane in zip(sums.window_sizes, lane_capped)]
+        work = sums.from_sums(len(decode_contexts) + lane_decoders, sum(decode_contexts) + lane_context_total,
+                              capped)
+        if work is None:
+            return None
+        return self._with_prefill(pricer, work, prefill_chunks)
+
+    def _with_prefill(self, pricer, work: list, prefill_chunks) -> float:
+        """Price ``work`` (the decoders' summed row) plus each chunk's prefill work, added in order."""
         prefill = self._prefill
         for tokens, prior, last in prefill_chunks:
             work = [a + b for a, b in zip(work, prefill(tokens, prior, last))]
@@ -149,10 +176,7 @@ class PerfStepTime:
         in a table filled on first use: one ``decode_work`` call per distinct context
         instead of one per step, which keeps 10,000-request simulations fast.
         """
-        sums = self._decode_sums
-        if sums is None:
-            sums = _DecodeSums.for_model(self.spec, self.tp, self.kv_cache_dtype, self._decode_row)
-            object.__setattr__(self, "_decode_sums", sums)
+        sums = self._sums()
         if sums:
             exact = sums(decode_contexts, context_total)
             if exact is not None:
@@ -163,6 +187,14 @@ class PerfStepTime:
         except KeyError:  # a context seen for the first time (decode_work refuses a negative one)
             rows = [table[c] if c in table else self._decode_row(c) for c in decode_contexts]
         return list(map(sum, zip(*rows)))
+
+    def _sums(self):
+        """The model's :class:`_DecodeSums` (built on first use), or False when its work is not whole numbers."""
+        sums = self._decode_sums
+        if sums is None:
+            sums = _DecodeSums.for_model(self.spec, self.tp, self.kv_cache_dtype, self._decode_row)
+            object.__setattr__(self, "_decode_sums", sums)
+        return sums
 
     def _decode_row(self, context: int) -> tuple[float, ...]:
         from servebook.perf.work import decode_work
@@ -251,18 +283,27 @@ class _DecodeSums:
                 return False
         return sums
 
+    @property
+    def window_sizes(self) -> tuple[int, ...]:
+        """The sliding windows (tokens) whose capped context sums :meth:`from_sums` takes, in its order."""
+        return tuple(w for w, _ in self.windows)
+
     def __call__(self, contexts, total: int | None = None) -> list | None:
         """The summed row for these contexts; ``total`` is their sum when known (and vouched for)."""
-        n = len(contexts)
         if total is None:
             total = sum(contexts)
             if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
                 return None
+        return self.from_sums(len(contexts), total, [sum([c if c < w else w for c in contexts])
+                                                     for w, _ in self.windows])
+
+    def from_sums(self, n: int, total: int, capped) -> list | None:
+        """The summed row for ``n`` decoders whose contexts (whole tokens >= 0) sum to ``total`` and,
+        capped at each window of :attr:`window_sizes`, to ``capped[i]``; None past 2**53."""
         b_attn, b_kv = self.full
         attn, kv = self.const_attn * n + b_attn * total, self.const_kv * n + b_kv * total
         sliding = self.const_sliding * n
-        for w, (b_attn, b_kv) in self.windows:
-            capped = sum([c if c < w else w for c in contexts])
+        for (_, (b_attn, b_kv)), capped in zip(self.windows, capped):
             attn += b_attn * capped
             kv += b_kv * capped
             sliding += b_kv * capped
