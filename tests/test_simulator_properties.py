@@ -7,12 +7,10 @@ after preemption, which can only add).
 """
 from hypothesis import given, settings, strategies as st
 
-from servebook.simulator import RequestSpec, SchedulerConfig, simulate
+from random_requests import fitting_requests, raw_requests
+from servebook.simulator import SchedulerConfig, simulate
 
-requests_st = st.lists(
-    st.tuples(st.integers(1, 120), st.integers(1, 60), st.floats(0, 2), st.booleans()),
-    min_size=1, max_size=25,
-)
+requests_st = raw_requests()
 
 
 @settings(max_examples=60, deadline=None)
@@ -20,13 +18,7 @@ requests_st = st.lists(
        st.integers(8, 200), st.integers(0, 40), st.booleans())
 def test_paged_scheduler_invariants(raw, num_blocks, block_size, max_num_seqs, budget, threshold, caching):
     max_model_len = 256
-    reqs = []
-    for i, (prompt, output, arrival, shared) in enumerate(raw):
-        total_cap = min(max_model_len, num_blocks * block_size + 1)
-        prompt = min(prompt, total_cap - 1)
-        output = max(1, min(output, total_cap - prompt))
-        prefix = min(prompt, 24) if shared else 0
-        reqs.append(RequestSpec(f"r{i}", prompt, output, arrival, "p" if prefix else None, prefix))
+    reqs = fitting_requests(raw, num_blocks, block_size, max_model_len)
     cfg = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=budget, max_model_len=max_model_len,
                           long_prefill_token_threshold=threshold, enable_prefix_caching=caching)

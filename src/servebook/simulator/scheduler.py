@@ -65,7 +65,7 @@ class RequestState:
         "spec", "rid", "num_prompt", "num_output_target", "num_tokens", "num_computed",
         "num_output", "blocks", "num_cached_blocks", "prefix_full_blocks", "prefix_id",
         "first_token_s", "last_token_s", "max_gap_s", "finish_s", "start_s",
-        "num_preemptions", "prefix_hit_tokens", "done", "index",
+        "num_preemptions", "prefix_hit_tokens", "done", "index", "lane_since", "lane_exit",
     )
 
     def __init__(self, spec: RequestSpec, index: int, block_size: int) -> None:
@@ -89,6 +89,9 @@ class RequestState:
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
         self.done = False
+        #: the step after which it joined the simulator's decode lane (None: not in it) and the step it leaves
+        self.lane_since: int | None = None
+        self.lane_exit = 0
 
     def block_key(self, index: int):
         """Prefix-cache key of full block ``index`` (shared prefix or own content)."""
@@ -138,14 +141,21 @@ class _Base:
 
 
 class PagedScheduler(_Base):
-    """vLLM 0.27.1's scheduler over a paged :class:`BlockPool` (see module docstring)."""
+    """vLLM 0.27.1's scheduler over a paged :class:`BlockPool` (see module docstring).
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    With a :class:`~servebook.simulator.decode_lane.DecodeLane`, running requests that only decode
+    are kept in it and scheduled as one sum (their tokens, their block events), which gives the same
+    steps; :attr:`step` must then hold the index of the step being scheduled.
+    """
+
+    def __init__(self, config: SchedulerConfig, lane=None) -> None:
         super().__init__(config)
         self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
         #: sum of len(blocks) over the running queue (shared blocks counted once per user)
         self.blocks_running = 0
+        self.lane = lane
+        self.step = 0
 
     def _cache_full_blocks(self, r: RequestState, num_tokens_done: int) -> None:
         """Hash the request's blocks that are full once ``num_tokens_done`` are written
@@ -175,10 +185,59 @@ class PagedScheduler(_Base):
         r.blocks = []
 
     def schedule(self) -> tuple[list[tuple[RequestState, int]], int]:
-        """One step: returns ``[(request, tokens scheduled)]`` and the preemptions made."""
+        """One step: returns ``[(request, tokens scheduled)]`` and the preemptions made.
+
+        With a lane, the list leaves out its members (``lane.count`` of them, one token each)."""
+        lane = self.lane
+        if lane is None:
+            return self._schedule(self.running, self.config.max_num_batched_tokens)
+        step = self.step
+        for r in lane.leave_due(step):
+            self._caught_up(r)
+        if lane.count:
+            others = [r for r in self.running if r.lane_since is None]
+            if self._lane_cannot_run_short(others):
+                self.blocks_running += lane.take_blocks(step, self.pool)
+                return self._schedule(others, self.config.max_num_batched_tokens - lane.count)
+            for r in lane.leave_all(step):
+                self._caught_up(r)
+        return self._schedule(self.running, self.config.max_num_batched_tokens)
+
+    def _lane_cannot_run_short(self, others: list[RequestState]) -> bool:
+        """Whether this step's running pass gives every lane member its token and preempts nobody,
+        even if each of ``others`` (the running requests outside the lane, in queue order) took all
+        its remaining tokens: then the queue's order decides nothing for the lane. The budget must
+        cover the members and the others ahead of the last member (those behind it may be cut, as
+        a long prompt's chunk is); the free blocks must cover every block anyone could need."""
         cfg = self.config
         bs = cfg.block_size
-        budget = cfg.max_num_batched_tokens
+        running = self.running
+        behind = 0  # others after the last lane member
+        while running[-1 - behind].lane_since is None:
+            behind += 1
+        ahead = len(others) - behind
+        tokens = self.lane.count
+        blocks = self.lane.blocks_due(self.step)
+        for i, r in enumerate(others):
+            left = r.num_tokens - r.num_computed
+            if left > 0:
+                if i < ahead:
+                    tokens += left
+                need = (r.num_tokens + bs - 1) // bs - len(r.blocks)
+                if need > 0:
+                    blocks += need
+        return tokens <= cfg.max_num_batched_tokens and blocks <= len(self.pool.free_queue)
+
+    def _caught_up(self, r: RequestState) -> None:
+        """Hash the blocks a request filled while in the lane (it did not, to save the visits)."""
+        if self.caching:
+            self._cache_full_blocks(r, r.num_computed)
+
+    def _schedule(self, queue: list[RequestState], budget: int) -> tuple[list[tuple[RequestState, int]], int]:
+        """The running pass over ``queue`` (the running queue, or the part of it outside the lane
+        when nothing can be cut or preempted) with ``budget`` tokens, then the waiting pass."""
+        cfg = self.config
+        bs = cfg.block_size
         threshold = cfg.long_prefill_token_threshold
         max_len = cfg.max_model_len
         pool = self.pool
@@ -190,10 +249,10 @@ class PagedScheduler(_Base):
         free_queue = pool.free_queue
         append = scheduled.append
         i = 0
-        n_running = len(running)  # kept in step with running.pop() below
+        n_running = len(queue)  # kept in step with running.pop() below (queue is running when it preempts)
         last_slot = max_len - 1
         while i < n_running and budget > 0:
-            r = running[i]
+            r = queue[i]
             computed = r.num_computed
             new = r.num_tokens - computed
             if new > 1:  # a decode (1 token) is never above the threshold or the budget (> 0 here)
@@ -218,7 +277,7 @@ class PagedScheduler(_Base):
                     if victim is r:
                         ok = False
                         break
-                n_running = len(running)
+                n_running = len(queue)
                 if not ok:
                     break
                 blocks.extend(pool.take(need))
@@ -390,10 +449,10 @@ class StaticScheduler(ContiguousScheduler):
         return []
 
 
-def make_scheduler(config: SchedulerConfig):
-    """The scheduler object for ``config.policy``."""
+def make_scheduler(config: SchedulerConfig, lane=None):
+    """The scheduler object for ``config.policy`` (``lane``: a DecodeLane, paged policy only)."""
     if config.policy == "paged":
-        return PagedScheduler(config)
+        return PagedScheduler(config, lane)
     if config.policy == "contiguous":
         return ContiguousScheduler(config)
     if config.policy == "static":
