@@ -70,6 +70,22 @@ def test_rows_compare_fleet_with_the_recorded_job(tmp_path):
     assert {r["group"] for r in job_rows(doc, fitted=fitted_models())} == {"held out"}
 
 
+def test_another_run_of_a_fitted_model_is_not_held_out():
+    """A record is of a fitted model by its id, or by carrying a fitted model's config under another id
+    (a re-run with simulated routing is the same shape: not a held-out test)."""
+    from servebook.hf_config import load_reference_config
+    from servebook.lab.e2e_analysis import fitted_shape
+    from servebook.provenance import config_sha256
+
+    qwen = config_sha256(load_reference_config("qwen3-30b-a3b"))
+    other = config_sha256(load_reference_config("mixtral-8x7b"))
+    fitted = ["llama-3.1-8b", "qwen3-30b-a3b"]
+    assert fitted_shape({"model_id": "qwen3-30b-a3b", "config_sha256": "x"}, fitted)
+    assert fitted_shape({"model_id": "qwen3-30b-a3b-uniform", "config_sha256": qwen}, fitted)
+    assert not fitted_shape({"model_id": "mixtral-8x7b-uniform", "config_sha256": other}, fitted)
+    assert not fitted_shape({"model_id": "qwen3-30b-a3b-uniform", "config_sha256": qwen}, ["llama-3.1-8b"])
+
+
 def test_benchmark_prints_every_job_and_both_groups(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["fleet_vs_measured.py", "--results", str(FIXTURES), "--json"])
     with pytest.raises(SystemExit) as exit_:

@@ -29,15 +29,28 @@ def test_every_model_shape_and_both_workload_shapes_are_recorded(rows):
     assert {r["group"] for r in rows} == {"fitted", "held out"}, "the page compares fitted with held-out jobs"
 
 
-def test_the_goal_is_met_in_scope_and_not_over_every_held_out_job(rows):
-    """labs/e2e_results.md and 6.22: held out, mean absolute error <= 10% and worst <= 20% with
-    `servebook fleet --finite-job` on the jobs that ran what the model describes (dense models, MoE with
-    uniform routing); not over every held-out job."""
+def test_the_goal_is_just_missed_in_scope_and_far_off_over_every_held_out_job(rows):
+    """labs/e2e_results.md: with `servebook fleet --finite-job`, on the held-out jobs that ran what the
+    model describes (dense models, MoE with uniform routing) the worst case is within 20% and the mean
+    absolute error just over 10% (met before Mixtral-8x7B's engine); over every held-out job far over."""
     from servebook.lab.e2e_analysis import in_scope
 
-    scope = summary([r for r in _held(rows) if in_scope(r)], "finite_error")
-    assert scope["jobs"] >= 10 and scope["mae"] <= 0.10 and abs(scope["worst"]) <= 0.20, scope
+    scope = [r for r in _held(rows) if in_scope(r)]
+    s = summary(scope, "finite_error")
+    assert s["jobs"] >= 10 and abs(s["worst"]) <= 0.20 and 0.10 < s["mae"] < 0.105, s
+    assert summary([r for r in scope if not r["model"].startswith("mixtral")], "finite_error")["mae"] <= 0.10
     assert summary(_held(rows), "finite_error")["mae"] > 0.10
+
+
+def test_expert_gemms_of_two_shapes_are_priced_off_in_opposite_directions(rows):
+    """labs/e2e_results.md, expert-GEMM bullet: with uniform routing, Qwen3-30B-A3B's (many small experts)
+    steps that carry a prefill are priced too fast and Mixtral-8x7B's (few large experts) too slow; the
+    Qwen3 run counts with the fitted group (a fitted shape), Mixtral's is held out."""
+    uniform = {r["model"]: r for r in rows if r["routing"] == "uniform (simulated)" and r["job"].startswith("long-prompt")}
+    qwen, mixtral = uniform["qwen3-30b-a3b-uniform"], uniform["mixtral-8x7b-uniform"]
+    assert qwen["group"] == "fitted" and mixtral["group"] == "held out"
+    assert qwen["step_error_mixed"] < -0.2 < 0.2 < mixtral["step_error_mixed"]
+    assert qwen["finite_error"] > 0.2 and mixtral["finite_error"] < 0
 
 
 def test_moe_jobs_held_out_are_further_off_than_the_dense_ones(rows):
@@ -100,8 +113,11 @@ def test_a_random_router_makes_deepseek_decode_cheaper_than_uniform_routing(rows
 def test_in_scope_means_dense_or_uniformly_routed(rows):
     from servebook.lab.e2e_analysis import in_scope
 
+    simulated = {d["model_id"] for d in e2e_results()
+                 if d.get("environment", {}).get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY") == "uniform_random"}
+    assert {"deepseek-v2-lite-uniform", "mixtral-8x7b-uniform", "qwen3-30b-a3b-uniform"} <= simulated
     for r in rows:
-        assert in_scope(r) == (not r["moe"] or r["model"] == "deepseek-v2-lite-uniform"), (r["model"], r["routing"])
+        assert in_scope(r) == (not r["moe"] or r["model"] in simulated), (r["model"], r["routing"])
 
 
 def test_gpt_oss_decode_with_mxfp4_experts_is_priced_within_a_third(rows):

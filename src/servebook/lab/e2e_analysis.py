@@ -91,6 +91,17 @@ def find_job_record(docs: list[dict], model_id: str, job_name: str) -> dict:
     raise ServebookError(f"no record of {model_id!r} holds a measured job {job_name!r}")
 
 
+def fitted_shape(doc: dict, fitted: list[str]) -> bool:
+    """Whether a record is of a model the step model was fitted on: by its id, or by its config being
+    one of theirs (another run of that model -- with simulated routing, say -- is not held out)."""
+    if doc["model_id"] in fitted:
+        return True
+    from servebook.hf_config import load_reference_config
+    from servebook.provenance import config_sha256
+
+    return doc.get("config_sha256") in {config_sha256(load_reference_config(m)) for m in fitted}
+
+
 def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:
     """One row per measured job of a record: fleet's prediction, the measurement, the steady state.
 
@@ -120,7 +131,7 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
         row = {
             "model": doc["model_id"], "kind": doc.get("kind", ""), "moe": moe, "routing": routing(doc, moe),
             "job": job["name"],
-            "group": "fitted" if doc["model_id"] in fitted else "held out", "gpu": g, "gpu_source": where,
+            "group": "fitted" if fitted_shape(doc, fitted) else "held out", "gpu": g, "gpu_source": where,
             "vllm_version": doc.get("vllm_version"), "requests": job["requests"],
             "mean_input": statistics.fmean(cols["prompt_tokens"]), "mean_output": statistics.fmean(cols["output_tokens"]),
             "measured_s": job["wall_s"], "predicted_s": pred["seconds"],
