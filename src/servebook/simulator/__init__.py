@@ -15,6 +15,7 @@ Public API::
     servebook.simulator.plots                     # memory maps, block tables, Gantt, KV over time
     servebook.simulator.engine_trace              # record vLLM's own schedule; compare step by step
     servebook.simulator.sizing                    # replicas x TP for a p99 TTFT/TPOT SLO and a budget
+    servebook.simulator.decode_lane               # how simulate() skips requests that only decode (same results)
 """
 from servebook.simulator.config import POLICIES, RESERVATIONS, SchedulerConfig
 from servebook.simulator.run import RequestMetrics, SimulationResult, StepTrace, simulate
