@@ -120,6 +120,7 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
 
     g, where = _catalogue_gpu(doc, gpu)
     moe = load_model_spec(doc["config"], name=doc["model_id"]).moe is not None
+    group = "fitted" if fitted_shape(doc, fitted) else "held out"
     rows = []
     for job in doc["jobs"]:
         if "wall_s" not in job:
@@ -131,7 +132,7 @@ def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bo
         row = {
             "model": doc["model_id"], "kind": doc.get("kind", ""), "moe": moe, "routing": routing(doc, moe),
             "job": job["name"],
-            "group": "fitted" if fitted_shape(doc, fitted) else "held out", "gpu": g, "gpu_source": where,
+            "group": group, "gpu": g, "gpu_source": where,
             "vllm_version": doc.get("vllm_version"), "requests": job["requests"],
             "mean_input": statistics.fmean(cols["prompt_tokens"]), "mean_output": statistics.fmean(cols["output_tokens"]),
             "measured_s": job["wall_s"], "predicted_s": pred["seconds"],

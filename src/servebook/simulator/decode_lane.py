@@ -47,22 +47,32 @@ class DecodeLane:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.windows = tuple(windows)
-        #: members now, the sum of their contexts (tokens in their KV cache) and, per window,
-        #: the sum of contexts capped at it and how many members are still below it
-        self.count = 0
+        #: the sum of the members' contexts (tokens in their KV cache) and, per window, the sum of
+        #: contexts capped at it and how many members are still below it
         self.context_total = 0
         self.capped = [0] * len(self.windows)
         self.below = [0] * len(self.windows)
         self.members: set = set()
         self._block_due: dict[int, list] = {}
         self._exit_due: dict[int, list] = {}
-        #: per step index: when the step ended and its length as seen by a decoder (end - start), seconds
+        #: per step index (one entry per closed step, see :meth:`advance`): when the step ended and its
+        #: length as seen by a decoder (end - start), seconds
         self.step_ends: list[float] = []
         self.step_gaps: list[float] = []
         #: after a step run one request at a time, nobody joins before step ``open_at``; the pause
         #: doubles while such steps keep coming soon after it ends (a pool that keeps running short)
         self.pause = self.FIRST_PAUSE
         self.open_at = 0
+
+    @property
+    def count(self) -> int:
+        """Members now (each is scheduled one token in the step being scheduled)."""
+        return len(self.members)
+
+    @property
+    def step(self) -> int:
+        """Index of the step being scheduled: the steps closed so far."""
+        return len(self.step_ends)
 
     # -- joining and leaving ---------------------------------------------------
     def join(self, r, step: int) -> bool:
@@ -81,7 +91,6 @@ class DecodeLane:
         r.lane_exit = step + exit_in
         self._plan(r, step + len(r.blocks) * self.block_size - c0 + 1)
         self.members.add(r)
-        self.count += 1
         self.context_total += c0
         for i, w in enumerate(self.windows):
             if c0 < w:
@@ -114,7 +123,6 @@ class DecodeLane:
                 r.max_gap_s = gap
         r.lane_since = None
         self.members.discard(r)
-        self.count -= 1
         self.context_total -= c
         for i, w in enumerate(self.windows):
             if c0 < w:  # counted below the window since joining: its share grew to c (<= w)

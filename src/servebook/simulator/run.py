@@ -224,8 +224,6 @@ def simulate(
         if not sched.running and not sched.waiting:
             clock = order[next_arrival].spec.arrival_s
             continue
-        if lane is not None:
-            sched.step = len(trace)
         scheduled, preempted = sched.schedule()
         in_lane = lane.count if lane is not None else 0  # decoders scheduled as one sum, one token each
         if not scheduled and not preempted and not in_lane:
@@ -366,7 +364,8 @@ def _decode_lane(config: SchedulerConfig, cost, detailed: bool) -> DecodeLane | 
 def _decode_contexts_in_order(sched, scheduled) -> list[int]:
     """Every decoder's context before this step, in the running queue's order, lane members included
     (what ``step_s`` is given when nobody is in the lane)."""
-    lane, step = sched.lane, sched.step
+    lane = sched.lane
+    step = lane.step
     outside = {id(r): r.num_computed for r, n in scheduled
                if n == 1 and r.num_output and r.num_computed + 1 == r.num_tokens}
     return [lane.context_now(r, step) if r.lane_since is not None else outside[id(r)]

@@ -145,7 +145,7 @@ class PagedScheduler(_Base):
 
     With a :class:`~servebook.simulator.decode_lane.DecodeLane`, running requests that only decode
     are kept in it and scheduled as one sum (their tokens, their block events), which gives the same
-    steps; :attr:`step` must then hold the index of the step being scheduled.
+    steps.
     """
 
     def __init__(self, config: SchedulerConfig, lane=None) -> None:
@@ -155,7 +155,6 @@ class PagedScheduler(_Base):
         #: sum of len(blocks) over the running queue (shared blocks counted once per user)
         self.blocks_running = 0
         self.lane = lane
-        self.step = 0
 
     def _cache_full_blocks(self, r: RequestState, num_tokens_done: int) -> None:
         """Hash the request's blocks that are full once ``num_tokens_done`` are written
@@ -191,7 +190,7 @@ class PagedScheduler(_Base):
         lane = self.lane
         if lane is None:
             return self._schedule(self.running, self.config.max_num_batched_tokens)
-        step = self.step
+        step = lane.step
         for r in lane.leave_due(step):
             self._caught_up(r)
         if lane.count:
@@ -217,7 +216,7 @@ class PagedScheduler(_Base):
             behind += 1
         ahead = len(others) - behind
         tokens = self.lane.count
-        blocks = self.lane.blocks_due(self.step)
+        blocks = self.lane.blocks_due(self.lane.step)
         for i, r in enumerate(others):
             left = r.num_tokens - r.num_computed
             if left > 0:

@@ -141,8 +141,7 @@ class PerfStepTime:
         :meth:`step_s` with every context; None when a sum passes 2**53 (then call :meth:`step_s`)."""
         pricer = self._pricer or self._keep_constants()
         sums = self._sums()
-        capped = [sum([c if c < w else w for c in decode_contexts]) + lane
-                  for w, lane in zip(sums.window_sizes, lane_capped)]
+        capped = [own + lane for own, lane in zip(sums.capped_sums(decode_contexts), lane_capped)]
         work = sums.from_sums(len(decode_contexts) + lane_decoders, sum(decode_contexts) + lane_context_total,
                               capped)
         if work is None:
@@ -294,8 +293,11 @@ class _DecodeSums:
             total = sum(contexts)
             if type(total) is not int or min(contexts) < 0:  # decode_work refuses a negative context
                 return None
-        return self.from_sums(len(contexts), total, [sum([c if c < w else w for c in contexts])
-                                                     for w, _ in self.windows])
+        return self.from_sums(len(contexts), total, self.capped_sums(contexts))
+
+    def capped_sums(self, contexts) -> list[int]:
+        """Per window of :attr:`window_sizes`, the sum of ``contexts`` capped at it (tokens)."""
+        return [sum([c if c < w else w for c in contexts]) for w, _ in self.windows]
 
     def from_sums(self, n: int, total: int, capped) -> list | None:
         """The summed row for ``n`` decoders whose contexts (whole tokens >= 0) sum to ``total`` and,
