@@ -111,7 +111,7 @@ def run_case(case: dict, timeout_s: float) -> dict:
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, __file__, "_child", fh.name], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, **case.get("environment", {}), "PYTHONUNBUFFERED": "1"})
     try:
         log, _ = proc.communicate(timeout=timeout_s)
         rc = proc.returncode
@@ -137,10 +137,15 @@ def run_case(case: dict, timeout_s: float) -> dict:
     return out
 
 
-def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None) -> dict:
+def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None,
+              environment: dict | None = None) -> dict:
+    """One engine to run; ``environment``: variables set for its process only (recorded with the case)."""
     cfg = engine_config(model_id)
-    return {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
+    case = {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
             "engine_args": engine_args, "timing": timing}
+    if environment:
+        case["environment"] = dict(environment)
+    return case
 
 
 STARTUP_ARGS = {
@@ -173,6 +178,10 @@ def main() -> None:
     ap.add_argument("--contexts", default="512,2048,8192,16384")
     ap.add_argument("--batches", default="1,4,16,32,64,128,256")
     ap.add_argument("--prefill-tokens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment variable for the engine's process (repeatable), e.g. "
+                         "VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random; recorded with the case")
+    ap.add_argument("--suffix", default="", help="appended to the case name (e.g. -uniform)")
     ap.add_argument("--budget-s", type=float, default=480, help="stop starting new cases after this")
     ap.add_argument("--timeout-s", type=float, default=300)
     ap.add_argument("--out", required=True)
@@ -196,8 +205,9 @@ def main() -> None:
         engine_args = dict(max_model_len=max(timing["contexts"] + timing["prefill_tokens"]) + 64,
                            gpu_memory_utilization=0.90, max_num_seqs=max(timing["batches"]),
                            max_num_batched_tokens=16384, tensor_parallel_size=args.tp)
-        suffix = "" if args.tp == 1 else f"-tp{args.tp}"
-        cases = [make_case(f"{args.model}--timing{suffix}", args.model, engine_args, timing)]
+        suffix = ("" if args.tp == 1 else f"-tp{args.tp}") + args.suffix
+        environment = dict(kv.split("=", 1) for kv in args.env)
+        cases = [make_case(f"{args.model}--timing{suffix}", args.model, engine_args, timing, environment)]
     out = Path(args.out)
     for case in cases:
         if time.time() - t_start > args.budget_s:
