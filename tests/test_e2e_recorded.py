@@ -29,28 +29,26 @@ def test_every_model_shape_and_both_workload_shapes_are_recorded(rows):
     assert {r["group"] for r in rows} == {"fitted", "held out"}, "the page compares fitted with held-out jobs"
 
 
-def test_the_goal_is_just_missed_in_scope_and_far_off_over_every_held_out_job(rows):
+def test_the_goal_is_met_in_scope_and_far_off_over_every_held_out_job(rows):
     """labs/e2e_results.md: with `servebook fleet --finite-job`, on the held-out jobs that ran what the
-    model describes (dense models, MoE with uniform routing) the worst case is within 20% and the mean
-    absolute error just over 10% (met before Mixtral-8x7B's engine); over every held-out job far over."""
+    model describes (dense models, MoE with uniform routing) the mean absolute error is at most 10% and the
+    worst case within 20%; over every held-out job the mean is far over."""
     from servebook.lab.e2e_analysis import in_scope
 
     scope = [r for r in _held(rows) if in_scope(r)]
     s = summary(scope, "finite_error")
-    assert s["jobs"] >= 10 and abs(s["worst"]) <= 0.20 and 0.10 < s["mae"] < 0.105, s
-    assert summary([r for r in scope if not r["model"].startswith("mixtral")], "finite_error")["mae"] <= 0.10
+    assert s["jobs"] >= 14 and abs(s["worst"]) <= 0.20 and s["mae"] <= 0.10, s
     assert summary(_held(rows), "finite_error")["mae"] > 0.10
 
 
-def test_expert_gemms_of_two_shapes_are_priced_off_in_opposite_directions(rows):
-    """labs/e2e_results.md, expert-GEMM bullet: with uniform routing, Qwen3-30B-A3B's (many small experts)
-    steps that carry a prefill are priced too fast and Mixtral-8x7B's (few large experts) too slow; the
-    Qwen3 run counts with the fitted group (a fitted shape), Mixtral's is held out."""
-    uniform = {r["model"]: r for r in rows if r["routing"] == "uniform (simulated)" and r["job"].startswith("long-prompt")}
-    qwen, mixtral = uniform["qwen3-30b-a3b-uniform"], uniform["mixtral-8x7b-uniform"]
-    assert qwen["group"] == "fitted" and mixtral["group"] == "held out"
-    assert qwen["step_error_mixed"] < -0.2 < 0.2 < mixtral["step_error_mixed"]
-    assert qwen["finite_error"] > 0.2 and mixtral["finite_error"] < 0
+def test_two_held_out_moe_engines_of_large_experts_are_priced_within_the_worst_case_goal(rows):
+    """labs/e2e_results.md, expert-GEMM bullet: Mixtral-8x7B (whose error led to the expert-width term) and
+    Qwen2-57B-A14B (recorded before that term was fitted) are held out, ran with uniform routing, and each
+    of their jobs is priced within 20% by `servebook fleet --finite-job`."""
+    for model in ("mixtral-8x7b-uniform", "qwen2-57b-a14b-uniform"):
+        got = [r for r in rows if r["model"] == model]
+        assert len(got) == 2 and all(r["group"] == "held out" and r["routing"] == "uniform (simulated)" for r in got)
+        assert all(abs(r["finite_error"]) <= 0.20 for r in got), [(r["job"], r["finite_error"]) for r in got]
 
 
 def test_moe_jobs_held_out_are_further_off_than_the_dense_ones(rows):
@@ -58,10 +56,12 @@ def test_moe_jobs_held_out_are_further_off_than_the_dense_ones(rows):
     assert moe["mae"] > dense["mae"], "labs/e2e_results.md: dense held-out jobs come closer than the MoE ones"
 
 
-def test_the_longest_held_out_job_ran_slower_than_predicted(rows):
+def test_the_longest_held_out_job_is_priced_closely_with_its_ramp_and_drain(rows):
+    """labs/e2e_results.md: the longest held-out job spent most of its time at the peak batch; `fleet`'s
+    steady state promised more than it delivered, `servebook fleet --finite-job` came within 5%."""
     longest = max(_held(rows), key=lambda r: r["requests"])
     assert longest["steady_share"] > 0.5, "the longest job spent most of its wall time at the peak batch"
-    assert longest["finite_error"] > 0 and longest["error"] > 0, "it was promised more than it delivered"
+    assert longest["error"] > 0 and abs(longest["finite_error"]) < 0.05
 
 
 def test_dense_steps_with_a_prefill_are_priced_within_a_tenth(rows):
@@ -115,7 +115,8 @@ def test_in_scope_means_dense_or_uniformly_routed(rows):
 
     simulated = {d["model_id"] for d in e2e_results()
                  if d.get("environment", {}).get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY") == "uniform_random"}
-    assert {"deepseek-v2-lite-uniform", "mixtral-8x7b-uniform", "qwen3-30b-a3b-uniform"} <= simulated
+    assert {"deepseek-v2-lite-uniform", "mixtral-8x7b-uniform", "qwen3-30b-a3b-uniform",
+            "qwen2-57b-a14b-uniform"} <= simulated
     for r in rows:
         assert in_scope(r) == (not r["moe"] or r["model"] in simulated), (r["model"], r["routing"])
 

@@ -66,6 +66,7 @@ def _array_terms(spec, tp, cg, coeffs, works):
                         allreduces=np.full(len(works), W.allreduce_count(spec, tp)),
                         allreduce_bytes_each=W.allreduce_bytes(spec, tokens, tp), tp=tp,
                         expert_flops=col("expert_flops"), expert_rows=W.tokens_per_touched_expert(spec, tokens),
+                        expert_size=np.full(len(works), W.expert_gemm_size(spec, tp)),
                         layers=np.full(len(works), spec.num_layers),
                         moe_layers=np.full(len(works), len(spec.moe.moe_layer_indices) if spec.moe else 0),
                         eager=tokens > cg, piecewise=tokens - col("sampled_tokens") >= 0.5)

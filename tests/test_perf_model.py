@@ -194,4 +194,4 @@ def test_a_quantized_experts_decode_step_is_no_longer_priced_as_16_bit_work():
     c, _ = calibrated_coefficients(g.name)
     quantized = decode_step(oss, g, c, batch=32, context_tokens=600).step_s
     sixteen = decode_step(as_bf16, g, c, batch=32, context_tokens=600).step_s
-    assert quantized < 0.6 * sixteen
+    assert quantized < 2 / 3 * sixteen  # a quarter of the bytes; the attention and dense layers are shared

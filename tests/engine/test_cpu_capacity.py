@@ -242,6 +242,7 @@ def test_servebook_capacity_equals_vllm_own_functions_on_reference_models(vllm_p
 DEFAULTS = r"""
 import json
 from unittest import mock
+import vllm.envs as envs
 import vllm.engine.arg_utils as au
 from vllm.config.cache import CacheConfig
 from vllm.usage.usage_lib import UsageContext
@@ -266,6 +267,7 @@ out = {
     "dtype_bytes": {k: get_dtype_size(STR_DTYPE_TO_TORCH_DTYPE[k]) for k in ("bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")},
     "batch": {"h200": batch(139.8, "NVIDIA H200", False), "a100": batch(79.3, "NVIDIA A100-SXM4-80GB", False),
               "l40s": batch(44.4, "NVIDIA L40S", False), "cpu": batch(11.6, "cpu", True)},
+    "envs": sorted(envs.environment_variables),
 }
 print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 """
@@ -284,6 +286,9 @@ def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
     assert got["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
     assert got["sliding_kernel_block"] == [SLIDING_KERNEL_BLOCK_SIZE] * 2
     assert got["dtype_bytes"] == {k: KV_DTYPE_BYTES[k] for k in got["dtype_bytes"]}
+    from servebook.vllm_rules.moe import ROUTING_SIMULATION_ENV
+
+    assert ROUTING_SIMULATION_ENV in got["envs"]
     gpus = {"h200": (139.8, "NVIDIA H200", "cuda"), "a100": (79.3, "NVIDIA A100-SXM4-80GB", "cuda"),
             "l40s": (44.4, "NVIDIA L40S", "cuda"), "cpu": (11.6, "cpu", "cpu")}
     for key, (gib, name, device) in gpus.items():

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 
-from servebook.perf.calibrate_steps import fitted_models, recorded_steps  # noqa: F401 (fitted_models: re-exported)
+from servebook.perf.calibrate_steps import fitted_models, fitted_shape, recorded_steps  # noqa: F401 (re-exported)
+from servebook.vllm_rules.moe import ROUTING_SIMULATION_ENV, routes_uniformly  # noqa: F401 (the name: re-exported)
 
 #: A step belongs to the steady state when its batch is at least this share of the job's peak batch.
 STEADY_SHARE_OF_PEAK = 0.9
@@ -59,18 +60,12 @@ def _catalogue_gpu(doc: dict, gpu: str | None) -> tuple[str, str]:
         return "h200", f"assumed h200: recorded on {reported!r}, not a catalogue GPU"
 
 
-#: vLLM's switch that replaces an MoE layer's router by a simulated one (``uniform_random``: each token's
-#: top-k experts drawn uniformly), in the fused-MoE paths that select experts before the kernel.
-ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
-
-
 def routing(doc: dict, moe: bool) -> str | None:
     """How the record's MoE layers routed tokens: ``"uniform (simulated)"``, ``"random router"`` (the
     model's own router on random weights), or None for a dense model."""
     if not moe:
         return None
-    strategy = (doc.get("environment") or {}).get(ROUTING_SIMULATION_ENV, "")
-    return "uniform (simulated)" if strategy.lower() == "uniform_random" else "random router"
+    return "uniform (simulated)" if routes_uniformly(doc.get("environment")) else "random router"
 
 
 def in_scope(row: dict) -> bool:
@@ -89,17 +84,6 @@ def find_job_record(docs: list[dict], model_id: str, job_name: str) -> dict:
     from servebook.errors import ServebookError
 
     raise ServebookError(f"no record of {model_id!r} holds a measured job {job_name!r}")
-
-
-def fitted_shape(doc: dict, fitted: list[str]) -> bool:
-    """Whether a record is of a model the step model was fitted on: by its id, or by its config being
-    one of theirs (another run of that model -- with simulated routing, say -- is not held out)."""
-    if doc["model_id"] in fitted:
-        return True
-    from servebook.hf_config import load_reference_config
-    from servebook.provenance import config_sha256
-
-    return doc.get("config_sha256") in {config_sha256(load_reference_config(m)) for m in fitted}
 
 
 def job_rows(doc: dict, *, fitted: list[str], gpu: str | None = None, detail: bool = True) -> list[dict]:

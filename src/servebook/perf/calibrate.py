@@ -20,6 +20,11 @@ every model measured on it (so the same efficiencies must explain a dense 8B, a
 dense 32B and an MoE), minimising squared log error; the held-out points are
 then predicted and their mean absolute percentage error (MAPE) reported.
 
+Stage zero comes first: :mod:`servebook.perf.calibrate_experts` fits the routed-expert GEMM
+efficiency (peak, half rows, half width) to timings of vLLM's fused-MoE kernel alone
+(``labs/results/moe_kernels``); this fit keeps those values. MoE step timings count only when the
+engine routed uniformly (:func:`routes_as_priced`).
+
 Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
 shapes only: :mod:`servebook.perf.calibrate_steps` the host terms of steps that do not replay one full
 CUDA graph (``labs/results/e2e``), :mod:`servebook.perf.calibrate_sliding` the sliding-window layers'
@@ -41,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
-from servebook.perf import calibrate_sliding, calibrate_steps
+from servebook.perf import calibrate_experts, calibrate_sliding, calibrate_steps
 from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
@@ -53,6 +58,7 @@ from servebook.perf.work import (
     allreduce_count,
     decode_work,
     dense_weight_bytes_read,
+    expert_gemm_size,
     expert_weight_bytes_read,
     prefill_work,
     prompt_chunks,
@@ -72,6 +78,17 @@ SPLIT_RULE = (
 DEFAULT_RESULTS_DIR = results_path("step_timing")
 DEFAULT_E2E_DIR = results_path("e2e")
 DEFAULT_ATTENTION_DIR = results_path("e2e_attention")
+DEFAULT_KERNELS_DIR = calibrate_experts.DEFAULT_DIR
+
+
+def routes_as_priced(record: dict, spec: ModelSpec) -> bool:
+    """Whether a record's engine routed MoE tokens as the step model prices them (uniformly at random):
+    always for a dense model; for an MoE only under vLLM's uniform-random routing simulation. An MoE on
+    random weights left to its own router can send a batch to far fewer experts (stage one leaves
+    such records out; they stay in ``labs/results`` as measured)."""
+    from servebook.vllm_rules.moe import routes_uniformly
+
+    return spec.moe is None or routes_uniformly(record.get("environment"))
 
 
 @dataclass(frozen=True)
@@ -134,7 +151,8 @@ def records_in(data: dict, where: str = "record") -> list[dict]:
             "vllm_version": data.get("vllm_version"), "torch_version": data.get("torch_version"),
             "model": {"id": case.get("model_id") or case.get("name"), "config": case.get("config"),
                       "config_sha256": case.get("config_sha256")},
-            "engine_args": case.get("engine_args", {}), "method": data.get("method", ""),
+            "engine_args": case.get("engine_args", {}), "environment": case.get("environment") or {},
+            "method": data.get("method", ""),
             "decode": result.get("decode", []), "prefill": result.get("prefill", [])}, where))
     return out
 
@@ -238,7 +256,7 @@ class _Features:
         self.gpu = gpu
         rows: dict[str, list] = {k: [] for k in ("point", "weights", "experts", "tokens", "sequences", "linear",
                                                   "kv", "kv_sliding", "attn", "allreduces", "arbytes", "tp", "eflops",
-                                                  "erows", "layers", "moe_layers", "eager", "piecewise")}
+                                                  "erows", "esize", "layers", "moe_layers", "eager", "piecewise")}
         for i, pt in enumerate(points):
             spec = specs[pt.model_id]
             if pt.phase == "decode":
@@ -262,6 +280,7 @@ class _Features:
                 rows["tp"].append(pt.tp)
                 rows["eflops"].append(w.expert_flops)
                 rows["erows"].append(float(expert_gemm_rows(spec, w.tokens)))
+                rows["esize"].append(expert_gemm_size(spec, pt.tp))
                 rows["layers"].append(spec.num_layers)
                 rows["moe_layers"].append(len(spec.moe.moe_layer_indices) if spec.moe else 0)
                 rows["eager"].append(w.tokens > pt.cudagraph_max_tokens)
@@ -280,7 +299,8 @@ class _Features:
                              tokens=r["tokens"][m], sequences=r["sequences"][m], linear_flops=r["linear"][m],
                              kv_read_bytes=r["kv"][m], attention_flops=r["attn"][m],
                              allreduces=r["allreduces"][m], allreduce_bytes_each=r["arbytes"][m], tp=int(tp),
-                             expert_flops=r["eflops"][m], expert_rows=r["erows"][m], layers=r["layers"][m],
+                             expert_flops=r["eflops"][m], expert_rows=r["erows"][m], expert_size=r["esize"][m],
+                             layers=r["layers"][m],
                              moe_layers=r["moe_layers"][m], eager=r["eager"][m] > 0,
                              piecewise=r["piecewise"][m] > 0, kv_read_bytes_sliding=r["kv_sliding"][m])
             np.add.at(total, r["point"][m].astype(int), t["step_s"])
@@ -293,8 +313,11 @@ def mape(predicted, measured) -> float:
     return float(np.mean(np.abs(p - m) / m)) if len(m) else float("nan")
 
 
-def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = "") -> Coefficients:
+def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = "",
+        fixed: dict | None = None) -> Coefficients:
     """Least-squares fit (log error) of the coefficients to ``points`` measured on one GPU.
+
+    ``fixed``: coefficients measured elsewhere (stage zero's expert GEMM terms), kept as given.
 
     Coefficients the data cannot identify are not invented: without MoE points the
     expert bandwidth efficiency is tied to the dense one; without TP>1 points the
@@ -315,10 +338,12 @@ def fit(points: list[Point], specs: dict[str, ModelSpec], gpu, *, source: str = 
                           "eager_moe_layer_s") and not has_moe)
             and not (f == "eager_moe_layer_s" and not has_eager)
             and not (f in ("allreduce_latency_s", "link_eff") and not has_tp)
-            and not (f == "request_overhead_s" and not has_prefill)]
+            and not (f == "request_overhead_s" and not has_prefill)
+            and f not in (fixed or {})]
 
     def coeffs_of(x) -> Coefficients:
         vals = dict(_START)
+        vals.update(fixed or {})
         vals.update({f: float(np.exp(v)) for f, v in zip(free, x)})
         if not has_moe:
             vals["expert_bandwidth_eff"] = vals["weight_bandwidth_eff"]
@@ -364,14 +389,16 @@ def _e2e_records(e2e_dir, split) -> tuple[list[dict], list[Path], list[str]]:
 
 
 def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path | None = DEFAULT_E2E_DIR,
-              split: str | Path | None = None, attention_dir: str | Path | None = DEFAULT_ATTENTION_DIR) -> dict:
+              split: str | Path | None = None, attention_dir: str | Path | None = DEFAULT_ATTENTION_DIR,
+              kernels_dir: str | Path | None = DEFAULT_KERNELS_DIR) -> dict:
     """Fit every GPU found under ``results_dir``; return the calibration record (not written).
 
     With end-to-end records under ``e2e_dir`` (None: none), the second stage
     (:mod:`servebook.perf.calibrate_steps`) then fits the host terms on the jobs of the models
     ``split`` (default ``perf/data/e2e_split.json``) names as fitted. With records under
     ``attention_dir`` (None: none), the third (:mod:`servebook.perf.calibrate_sliding`) fits the
-    sliding-window layers' KV efficiency.
+    sliding-window layers' KV efficiency. With kernel timings under ``kernels_dir`` (None: none),
+    stage zero (:mod:`servebook.perf.calibrate_experts`) first fixes the routed-expert GEMM efficiency.
     """
     root = Path(results_dir)
     files = sorted(root.glob("*.json")) if root.exists() else []
@@ -380,11 +407,17 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
     by_gpu: dict[str, list[Point]] = {}
     specs: dict[str, ModelSpec] = {}
     sources = []
+    skipped = []
     for f in files:
         root = checkout_root()
         rel = str(f.relative_to(root)) if f.is_relative_to(root) else str(f)
         for rec in read_results(f):
-            specs[rec["model"]["id"]] = model_spec_of(rec)
+            spec = model_spec_of(rec)
+            if not routes_as_priced(rec, spec):
+                skipped.append({"file": rel, "model": rec["model"]["id"],
+                                "why": "MoE routed by its own router on random weights, not uniformly"})
+                continue
+            specs[rec["model"]["id"]] = spec
             pts = points_of(rec, rel)
             by_gpu.setdefault(catalogue_gpu_name(rec["gpu"].get("name", "")), []).extend(pts)
             sources.append({"file": rel, "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
@@ -396,6 +429,13 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
               "split_rule": SPLIT_RULE, "measured_value": "fastest recorded sample (see measured_value)",
               "goals": GOALS, "sources": sources,
               "coefficients": {}, "heldout_mape": {}, "calibration_mape": {}}
+    if skipped:
+        record["not_fitted"] = skipped
+    kernel_docs = calibrate_experts.read_records(kernels_dir)
+    if kernel_docs:
+        record["stage0"] = {"fits": list(calibrate_experts.FITTED),
+                            "sources": calibrate_experts.sources(kernel_docs, checkout_root()),
+                            "rule": calibrate_experts.__doc__.split("\n\n")[0], "report": {}}
     e2e_docs, e2e_paths, fitted = _e2e_records(e2e_dir, split)
     if e2e_docs:
         record["stage2"] = {"fits": list(calibrate_steps.FITTED), "split": str(split or calibrate_steps.SPLIT_PATH.name),
@@ -411,8 +451,15 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
         return [d for d in docs if catalogue_gpu_name((d.get("gpu") or {}).get("name", "")) == gpu_name]
 
     for gpu_name, pts in by_gpu.items():
+        fixed = None
+        kernel_points = [p for _, d in kernel_docs if catalogue_gpu_name((d.get("gpu") or {}).get("name", "")) == gpu_name
+                         for p in calibrate_experts.kernel_points(d)]
+        if kernel_points:
+            stage0 = calibrate_experts.fit(kernel_points, gpu_name)
+            fixed = stage0["coefficients"]
+            record["stage0"]["report"][gpu_name] = {k: stage0[k] for k in ("coefficients", "nuisance", "report")}
         report = evaluate(pts, specs, gpu_name, e2e_docs=on(e2e_docs, gpu_name), fitted=fitted,
-                          attention_docs=on(att_docs, gpu_name))
+                          attention_docs=on(att_docs, gpu_name), fixed=fixed)
         if "stage2" in report:
             record["stage2"]["report"][gpu_name] = report["stage2"]
         if "stage3" in report:
@@ -424,7 +471,8 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
 
 
 def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs: list[dict] | None = None,
-             fitted: list[str] | None = None, attention_docs: list[dict] | None = None) -> dict:
+             fitted: list[str] | None = None, attention_docs: list[dict] | None = None,
+             fixed: dict | None = None) -> dict:
     """Fit on the calibration points, then MAPE on calibration and held-out points, by phase and model.
 
     With ``e2e_docs`` holding steps of the ``fitted`` models, the second stage refits the host terms
@@ -434,7 +482,7 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs:
     g = gpu_numbers(gpu)
     calib = [p for p in points if not p.heldout]
     held = [p for p in points if p.heldout]
-    coeffs = fit(calib, specs, g, source="servebook.perf.calibrate")
+    coeffs = fit(calib, specs, g, source="servebook.perf.calibrate", fixed=fixed)
     stage2 = None
     if e2e_docs and fitted and any(d["model_id"] in fitted for d in e2e_docs):
         coeffs, stage2 = calibrate_steps.fit_host_terms(coeffs, _Features(calib, specs, g), e2e_docs, fitted, g)
@@ -518,11 +566,13 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default=None, help="JSON whose 'fitted_on' names the models the second stage may use")
     ap.add_argument("--attention", default=str(DEFAULT_ATTENTION_DIR),
                     help="directory of the sliding-window attention records (e2e_*.json) for the third stage")
+    ap.add_argument("--kernels", default=str(DEFAULT_KERNELS_DIR),
+                    help="directory of fused-MoE kernel timings (*.json) for stage zero")
     ap.add_argument("--out", default=str(CALIBRATION_FILE), help="calibration record to write")
     ap.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
     args = ap.parse_args(argv)
     try:
-        record = calibrate(args.results, args.e2e, args.split, args.attention)
+        record = calibrate(args.results, args.e2e, args.split, args.attention, args.kernels)
     except ServebookError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2
@@ -547,13 +597,18 @@ if __name__ == "__main__":
 
 
 def load_measurements(results_dir: str | Path = DEFAULT_RESULTS_DIR) -> tuple[list[Point], dict[str, ModelSpec]]:
-    """Every recorded point (tagged calibration/held out) and the ModelSpecs they ran; ([], {}) if none."""
+    """Every recorded point the step model describes (tagged calibration/held out) and the ModelSpecs they
+    ran; ([], {}) if none. An MoE sweep counts only with uniform routing (:func:`routes_as_priced`), as in
+    the fit."""
     root = Path(results_dir)
     points: list[Point] = []
     specs: dict[str, ModelSpec] = {}
     for f in sorted(root.glob("*.json")) if root.exists() else []:
         for rec in read_results(f):
-            specs[rec["model"]["id"]] = model_spec_of(rec)
+            spec = model_spec_of(rec)
+            if not routes_as_priced(rec, spec):
+                continue
+            specs[rec["model"]["id"]] = spec
             points += points_of(rec, f.name)
     return points, specs
 

@@ -14,9 +14,10 @@ stage keeps every first-stage coefficient and fits just them, jointly to
 
 1. the first stage's calibration points again (so the sweep stays explained), and
 2. every step that carried a prefill chunk in the end-to-end jobs (``labs/results/e2e``) of the
-   models the fleet model is *fitted* on (:func:`fitted_models`, ``perf/data/e2e_split.json``); the
-   other models' jobs stay held out. A step's measured time is the interval from its scheduling to
-   the next step's.
+   models the fleet model is *fitted* on (:func:`fitted_models`, ``perf/data/e2e_split.json``; any
+   record of their configs, :func:`fitted_shape`), where an MoE's tokens were routed uniformly as the
+   model prices them (:func:`fit_records`); the other models' jobs stay held out. A step's measured
+   time is the interval from its scheduling to the next step's.
 
 The loss is soft-L1 on log error (scale 0.1): a step that paid a one-time kernel compilation
 (seconds instead of milliseconds) cannot pull the fit. Each of the two sets weighs alike in total.
@@ -70,6 +71,42 @@ def recorded_steps(job: dict):
             yield chunks, decodes, (ctx / decodes if decodes else 0.0), t[k + 1] - t[k]
 
 
+def fitted_shape(doc: dict, fitted: list[str]) -> bool:
+    """Whether a record is of a model the step model was fitted on: by its id, or by its config being
+    one of theirs (another run of that model -- with simulated routing, say -- is not held out). An id
+    that names no reference model matches by id only."""
+    if doc["model_id"] in fitted:
+        return True
+    from servebook.errors import ConfigError
+    from servebook.hf_config import load_reference_config
+    from servebook.provenance import config_sha256
+
+    shas = set()
+    for m in fitted:
+        try:
+            shas.add(config_sha256(load_reference_config(m)))
+        except ConfigError:  # a fitted id that is no reference model matches by its id only
+            continue
+    return doc.get("config_sha256") in shas
+
+
+def fit_records(docs: list[dict], fitted: list[str]) -> list[dict]:
+    """The end-to-end records this stage fits on: a fitted model's shape, one GPU (TP 1), and for an MoE
+    uniform routing (vLLM's simulation), the routing the step model prices."""
+    from servebook.hf_config import load_model_spec
+    from servebook.vllm_rules.moe import routes_uniformly
+
+    out = []
+    for doc in docs:
+        if int(doc["engine_args"].get("tensor_parallel_size") or 1) != 1 or not fitted_shape(doc, fitted):
+            continue
+        moe = load_model_spec(doc["config"], name=doc["model_id"]).moe is not None
+        if moe and not routes_uniformly(doc.get("environment")):
+            continue
+        out.append(doc)
+    return out
+
+
 def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
     """Per step with a prefill chunk, of the fitted models' jobs: the arrays ``step_seconds`` takes
     (each step's :meth:`StepPricer.formula_args`), and ``measured`` (seconds)."""
@@ -82,9 +119,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
 
     args: list[dict] = []
     measured_s: list[float] = []
-    for doc in docs:
-        if doc["model_id"] not in fitted or int(doc["engine_args"].get("tensor_parallel_size") or 1) != 1:
-            continue
+    for doc in fit_records(docs, fitted):
         spec = load_model_spec(doc["config"], name=doc["model_id"])
         flags = doc["engine_args"]
         graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
@@ -115,11 +150,11 @@ def record_source(path: Path, doc: dict, root: Path | None = None) -> dict:
 
 
 def e2e_sources(paths: list[Path], fitted: list[str], root: Path | None = None) -> list[dict]:
-    """:func:`record_source` of each record of a ``fitted`` model, with its steps that carried a prefill."""
+    """:func:`record_source` of each record :func:`fit_records` keeps, with its steps that carried a prefill."""
     out = []
     for p in paths:
         doc = json.loads(p.read_text())
-        if doc.get("model_id") in fitted:
+        if fit_records([doc], fitted):
             out.append(record_source(p, doc, root)
                        | {"steps_with_prefill": sum(1 for j in doc.get("jobs", []) for c, *_ in recorded_steps(j) if c)})
     return out

@@ -32,8 +32,12 @@ A step carries a prefill chunk when it computes more tokens than it samples
 ``matmul_eff(rows) = peak_eff x rows / (rows + matmul_half_tokens)``: a GEMM
 with few rows (decode) cannot use the tensor cores as well as a prefill's
 thousands. Dense layers see every token of the step as a row; a routed expert
-sees only the tokens routed to it (``tokens x top-k / experts touched``), with
-its own peak ``expert_matmul_peak_eff``; those rows are scaled by ``2 / bytes per
+sees only the tokens routed to it (``tokens x top-k / experts touched``):
+``expert_eff = expert_matmul_peak_eff x rows / (rows + expert_half_rows) x size / (size +
+expert_half_size)``, where ``size`` is the expert's FFN width on one GPU
+(:func:`servebook.perf.work.expert_gemm_size`; narrow experts give the fused MoE kernel few
+tiles and a short inner loop), fitted to timings of that kernel alone
+(:mod:`servebook.perf.calibrate_experts`). The rows are scaled by ``2 / bytes per
 expert weight`` (:func:`servebook.perf.work.expert_gemm_rows`: quantized experts
 reach the compute-bound regime at fewer rows than the 16-bit ones it was fitted on). ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
 
@@ -62,6 +66,7 @@ from servebook.perf.work import (
     check_tp,
     decode_work,
     dense_weight_bytes_read,
+    expert_gemm_size,
     prefill_work,
     prompt_chunks,
 )
@@ -84,6 +89,11 @@ class Coefficients:
         matmul_peak_eff: fraction of peak bf16 FLOP/s linear layers reach with many tokens.
         matmul_half_tokens: GEMM rows (tokens) at which linear layers reach half of that.
         expert_matmul_peak_eff: the same peak for routed-expert GEMMs (fused MoE kernels).
+        expert_half_rows: rows per expert at which routed-expert GEMMs reach half of their peak;
+            None: ``matmul_half_tokens``.
+        expert_half_size: expert FFN width per GPU (elements) at which routed-expert GEMMs reach half
+            of their peak (narrow experts give the kernel few tiles and a short inner loop); None: no
+            such term (the efficiency does not depend on the expert's width).
         attention_eff: fraction of peak bf16 FLOP/s reached by attention math.
         per_layer_overhead_s: fixed cost per decoder layer per step (gaps between kernels), s.
         per_moe_layer_overhead_s: extra fixed cost per MoE layer per step (routing, sorting), s.
@@ -116,6 +126,8 @@ class Coefficients:
     allreduce_latency_s: float | None = None
     link_eff: float | None = None
     expert_matmul_peak_eff: float | None = None
+    expert_half_rows: float | None = None
+    expert_half_size: float | None = None
     per_layer_overhead_s: float = 0.0
     per_moe_layer_overhead_s: float = 0.0
     eager_layer_s: float = 0.0
@@ -183,24 +195,32 @@ class StepBreakdown:
 
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
-                 tp: int = 1, expert_flops=0.0, expert_rows=1.0, layers=0, moe_layers=0, eager=False,
-                 kv_read_bytes_sliding=0.0, piecewise=False) -> dict:
+                 tp: int = 1, expert_flops=0.0, expert_rows=1.0, expert_size=None, layers=0, moe_layers=0,
+                 eager=False, kv_read_bytes_sliding=0.0, piecewise=False) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
     ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool). ``eager``: the step runs
     without CUDA graphs; ``piecewise``: it carries a prefill chunk and replays piecewise graphs
-    (ignored where ``eager``). Needs numpy (calibration
+    (ignored where ``eager``); ``expert_size``: the routed experts' FFN width per GPU (elements), needed
+    for steps with expert FLOPs when ``c.expert_half_size`` is set. Needs numpy (calibration
     and sweeps use it); :class:`StepPricer` prices one step in floats without it.
     """
     np = require_numpy("step_seconds (the step-time formula over arrays)")
+    if expert_size is None:
+        if c.expert_half_size is not None and np.any(np.asarray(expert_flops) > 0):
+            raise ServebookError("step_seconds: steps with routed-expert FLOPs need expert_size, the expert's FFN "
+                                 "width on one GPU (servebook.perf.work.expert_gemm_size), when the coefficients "
+                                 "price it (expert_half_size)")
+        expert_size = 0.0
     return _step_seconds(g, c, weight_bytes=np.asarray(weight_bytes), expert_bytes=np.asarray(expert_bytes),
                          tokens=np.asarray(tokens, dtype=float), sequences=np.asarray(sequences, dtype=float),
                          linear_flops=np.asarray(linear_flops), kv_read_bytes=np.asarray(kv_read_bytes),
                          attention_flops=np.asarray(attention_flops), allreduces=np.asarray(allreduces),
                          allreduce_bytes_each=np.asarray(allreduce_bytes_each), tp=tp,
                          expert_flops=np.asarray(expert_flops, dtype=float),
-                         expert_rows=np.asarray(expert_rows, dtype=float), layers=np.asarray(layers, dtype=float),
+                         expert_rows=np.asarray(expert_rows, dtype=float),
+                         expert_size=np.asarray(expert_size, dtype=float), layers=np.asarray(layers, dtype=float),
                          moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool),
                          piecewise=np.asarray(piecewise, dtype=bool),
                          kv_read_bytes_sliding=np.asarray(kv_read_bytes_sliding, dtype=float))
@@ -208,7 +228,8 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
 
 def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences, linear_flops,
                   kv_read_bytes, attention_flops, allreduces, allreduce_bytes_each, tp: int, expert_flops,
-                  expert_rows, layers, moe_layers, eager, piecewise=False, kv_read_bytes_sliding=0.0) -> dict:
+                  expert_rows, layers, moe_layers, eager, piecewise=False, kv_read_bytes_sliding=0.0,
+                  expert_size=0.0) -> dict:
     """:func:`step_seconds` on float arrays, or on Python floats (then it returns floats).
 
     The one copy of the formula: :func:`step_seconds` gives it arrays, :class:`StepPricer`
@@ -220,7 +241,11 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     matmul_eff = c.matmul_peak_eff * tokens / (tokens + c.matmul_half_tokens)
     rows = maximum(expert_rows, 1e-9)
     expert_peak = c.expert_matmul_peak_eff if c.expert_matmul_peak_eff is not None else c.matmul_peak_eff
-    expert_eff = expert_peak * rows / (rows + c.matmul_half_tokens)
+    half_rows = c.expert_half_rows if c.expert_half_rows is not None else c.matmul_half_tokens
+    expert_eff = expert_peak * rows / (rows + half_rows)
+    if c.expert_half_size is not None:
+        size = maximum(expert_size, 1.0)  # (a dense model has no expert FLOPs; 1 keeps 0/0 away)
+        expert_eff = expert_eff * size / (size + c.expert_half_size)
     compute_s = (linear_flops - expert_flops) / (flops * matmul_eff) + expert_flops / (flops * expert_eff)
     linear_s = _smoothmax(read_s, compute_s, c.smoothmax_p)
     # sliding-window layers read their share of the KV at their own (lower) efficiency: the extra time of
@@ -291,6 +316,7 @@ class StepPricer:
         self.allreduces = float(allreduce_count(spec, tp))
         self.layers = float(spec.num_layers)
         self.moe_layers = float(_moe_layers(spec))
+        self.expert_size = expert_gemm_size(spec, tp)
 
     def formula_args(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
                      expert_flops, kv_read_bytes_sliding=0.0) -> dict:
@@ -303,6 +329,7 @@ class StepPricer:
                     kv_read_bytes=float(kv_read_bytes), attention_flops=float(attention_flops),
                     allreduces=self.allreduces, allreduce_bytes_each=_allreduce_bytes(spec, t, tp), tp=tp,
                     expert_flops=float(expert_flops), expert_rows=_expert_gemm_rows(spec, t),
+                    expert_size=self.expert_size,
                     layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
                     piecewise=carries_prefill(t, float(sampled_tokens)),
                     kv_read_bytes_sliding=float(kv_read_bytes_sliding))

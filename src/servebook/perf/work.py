@@ -198,6 +198,15 @@ def _expert_gemm_rows(spec: ModelSpec, t):
     return _tokens_per_touched_expert(spec, t) * (FITTED_EXPERT_BYTES_PER_PARAM / _expert_bytes_per_param(spec))
 
 
+def expert_gemm_size(spec: ModelSpec, tp: int = 1) -> float:
+    """Inner size of a routed expert's GEMMs on one GPU: its FFN width over ``tp`` (elements), 0 for
+    dense models. vLLM shards every expert's intermediate dimension across the TP group, and a fused
+    MoE kernel's efficiency grows with it (more tiles per expert, a longer inner loop)."""
+    if spec.moe is None:
+        return 0.0
+    return spec.moe.expert_intermediate_size / tp
+
+
 def dense_weight_bytes_read(spec: ModelSpec, tp: int = 1) -> float:
     """Non-expert weight bytes one GPU reads per step (embedding gather excluded unless tied)."""
     expert_bytes = spec.params.experts * _expert_bytes_per_param(spec)
