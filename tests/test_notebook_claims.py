@@ -563,11 +563,11 @@ def test_chunk_budget_inverse_model_lands_near_measured_long_prefills():
 
 
 def test_chunk_budget_inverse_model_is_lost_on_launch_bound_steps():
-    """notebooks/chunk_budget.md: "For Llama-3.1-8B at 1,024 tokens on two GPUs and for the MoE from 1,024 to
-    4,096 tokens a step time there does not determine a token count": the inverse is off by over 25% there."""
+    """notebooks/chunk_budget.md: "For Llama-3.1-8B at 1,024 tokens (on one GPU or two) and for the MoE from 1,024
+    to 4,096 tokens a step time there does not determine a token count": the inverse is off by over 25% there."""
     points, specs = load_measurements()
-    lost = {("llama-3.1-8b", 2, 1024), ("qwen3-30b-a3b", 1, 1024), ("qwen3-30b-a3b", 1, 2048),
-            ("qwen3-30b-a3b", 1, 4096)}
+    lost = {("llama-3.1-8b", 1, 1024), ("llama-3.1-8b", 2, 1024), ("qwen3-30b-a3b", 1, 1024),
+            ("qwen3-30b-a3b", 1, 2048), ("qwen3-30b-a3b", 1, 4096)}
     checked = 0
     for p in points:
         if p.phase != "prefill" or (p.model_id, p.tp, p.prompt_tokens) not in lost:
@@ -577,7 +577,7 @@ def test_chunk_budget_inverse_model_is_lost_on_launch_bound_steps():
                                   target_step_s=p.measured_s - c.request_overhead_s, tp=p.tp)
         assert abs(n / p.prompt_tokens - 1) > 0.25, (p.model_id, p.tp, p.prompt_tokens, n)
         checked += 1
-    assert checked == 4  # Llama on two GPUs, the MoE at three sizes
+    assert checked == 5  # Llama on one GPU and on two, the MoE at three sizes
 
 
 def test_chunk_budget_lab5_agrees_at_the_largest_budget_and_not_at_the_smallest():
@@ -754,11 +754,10 @@ def test_drills_grading_from_code_names_the_k_and_v_slip_and_accepts_the_mechani
     assert concept.correct
 
 
-def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_to_a_third_and_move_the_rest_less(fleet_job):
+def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_by_a_third_and_move_the_rest_a_few_percent(fleet_job):
     """notebooks/fleet_plan.md: capturing graphs up to the budget "removes that floor where it binds: the large fp8
-    batches of the MoE at TP 4 and TP 8 run in about a third of the hours, and its TP 8 layout with a bf16 cache in
-    about a tenth less. Where the GPU work already hides the launches, graphs change a layout's hours by a few
-    percent either way"."""
+    batches of the MoE at TP 4 and TP 8 run in about 30% fewer hours. Where the GPU work already hides the
+    launches, graphs change a layout's hours by a few percent either way"."""
     from servebook.hf_config import load_model_spec
 
     job, gpu, coeffs = fleet_job
@@ -770,8 +769,6 @@ def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_to_a_third_and_
                                               cudagraph_max_tokens=graphs), coeffs).hours for graphs in (None, 16384)]
                 ratio = hours[1] / hours[0]
                 if model_id == "gemma-4-26b-a4b" and kv == "fp8" and tp in (4, 8):
-                    assert 0.25 < ratio < 0.4, (model_id, tp, kv, ratio)
-                elif model_id == "gemma-4-26b-a4b" and tp == 8:
-                    assert 0.85 < ratio < 0.95, (model_id, tp, kv, ratio)
+                    assert 0.6 < ratio < 0.8, (model_id, tp, kv, ratio)
                 else:
                     assert abs(ratio - 1) < 0.05, (model_id, tp, kv, ratio)

@@ -20,9 +20,9 @@ every model measured on it (so the same efficiencies must explain a dense 8B, a
 dense 32B and an MoE), minimising squared log error; the held-out points are
 then predicted and their mean absolute percentage error (MAPE) reported.
 
-Stage zero comes first: :mod:`servebook.perf.calibrate_experts` fits the routed-expert GEMM
-efficiency (peak, half rows, half width) to timings of vLLM's fused-MoE kernel alone
-(``labs/results/moe_kernels``); this fit keeps those values. MoE step timings count only when the
+Stage zero comes first: :mod:`servebook.perf.calibrate_experts` fits the shape of the routed-expert
+GEMM efficiency (half rows, half width) to timings of vLLM's fused-MoE kernel alone
+(``labs/results/moe_kernels``); this fit keeps those two and fits the expert peak itself. MoE step timings count only when the
 engine routed uniformly (:func:`routes_as_priced`).
 
 Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model

@@ -6,13 +6,18 @@ tiles' worth of rows, a narrow expert gives few tiles and a short inner loop. Th
 the expert GEMMs at ``expert_matmul_peak_eff x rows / (rows + expert_half_rows) x size / (size +
 expert_half_size)`` of the GPU's bf16 peak (:mod:`servebook.perf.model`).
 
-Those three coefficients are fitted here on timings of the kernel alone
-(``labs/results/moe_kernels``, schema ``servebook.moe_kernel_timing/1``, recorded by
-``labs/tools/moe_kernel_timing.py``): one MoE layer's ``fused_experts`` over a grid of expert shapes
-and token counts, routing uniform as the step model assumes. A point's time is modelled as
+The shape of that curve -- ``expert_half_rows`` and ``expert_half_size`` -- is fitted here on timings
+of the kernel alone (``labs/results/moe_kernels``, schema ``servebook.moe_kernel_timing/1``, recorded
+by ``labs/tools/moe_kernel_timing.py``): one MoE layer's ``fused_experts`` over a grid of expert
+shapes and token counts, routing uniform as the step model assumes. A point's time is modelled as
 ``smoothmax(expert bytes / (BW x bandwidth_eff), expert FLOPs / (FLOPS x eff(rows, size))) +
-launch_s``; ``bandwidth_eff``, ``launch_s`` and ``p`` are fitted alongside and reported (the step
-fit, stage one, keeps its own expert bandwidth and per-MoE-layer cost, measured on whole steps).
+launch_s``. The kernel's own peak, ``bandwidth_eff`` and ``launch_s`` are fitted alongside and
+reported, not handed on: stage one fits ``expert_matmul_peak_eff``, the expert bandwidth and the
+per-MoE-layer cost on whole engine steps, where the layer also routes, sorts and gathers tokens (a
+kernel peak imposed there pushes the step fit's other terms, dense ones included, to absorb what the
+kernel alone does not show). The smooth maximum's exponent is held at :data:`SMOOTHMAX_P`, a
+near-hard maximum: left free, a soft maximum trades the row term against the bandwidth term and the
+fitted half rows stop meaning what the step model's do.
 
 Left out of the fit, and reported as held out: shapes of the models the record lists as
 ``held_out`` (their engines test the step model) and shapes without a tuned vLLM configuration for
@@ -30,7 +35,7 @@ from servebook.records import results_path
 SCHEMA = "servebook.moe_kernel_timing/1"
 DEFAULT_DIR = results_path("moe_kernels")
 #: The coefficients this stage fits and stage one then keeps.
-FITTED = ("expert_matmul_peak_eff", "expert_half_rows", "expert_half_size")
+FITTED = ("expert_half_rows", "expert_half_size")
 #: Exponent of the smooth maximum between the kernel's read time and compute time (near a hard maximum;
 #: the step model's own exponent, fitted in stage one, sits at the same bound on the H200 data).
 SMOOTHMAX_P = 20.0
@@ -107,8 +112,8 @@ def _kernel_seconds(x, pts, bw: float, flops: float):
 def fit(points: list[dict], gpu) -> dict:
     """Fit the kernel model to the ``fit`` points; report its error on every role.
 
-    Returns ``coefficients`` (:data:`FITTED`), ``nuisance`` (bandwidth efficiency, launch seconds, and
-    the smooth-maximum exponent it held) and ``report``: per role and per shape the mean absolute error and the
+    Returns ``coefficients`` (:data:`FITTED`), ``nuisance`` (the kernel's own peak efficiency, its
+    bandwidth efficiency, launch seconds, and the smooth-maximum exponent it held) and ``report``: per role and per shape the mean absolute error and the
     worst error (fractions, predicted / measured - 1).
     """
     import numpy as np
@@ -156,8 +161,9 @@ def fit(points: list[dict], gpu) -> dict:
         e = errors(pts)
         report["by_shape"][label] = {"role": pts[0]["role"], "mae": float(np.mean(np.abs(e))),
                                      "worst": float(e[np.argmax(np.abs(e))])}
-    return {"coefficients": dict(zip(FITTED, (float(v) for v in x[:3]))),
-            "nuisance": {"bandwidth_eff": float(x[3]), "launch_s": float(x[4]), "smoothmax_p": SMOOTHMAX_P},
+    return {"coefficients": {"expert_half_rows": float(x[1]), "expert_half_size": float(x[2])},
+            "nuisance": {"kernel_peak_eff": float(x[0]), "bandwidth_eff": float(x[3]), "launch_s": float(x[4]),
+                         "smoothmax_p": SMOOTHMAX_P},
             "report": report}
 
 

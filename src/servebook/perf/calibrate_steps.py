@@ -13,7 +13,8 @@ The sweep's prefills are long and GPU-bound, so the first stage cannot identify 
 stage keeps every first-stage coefficient and fits just them, jointly to
 
 1. the first stage's calibration points again (so the sweep stays explained), and
-2. every step that carried a prefill chunk in the end-to-end jobs (``labs/results/e2e``) of the
+2. every step that carried a prefill chunk, or decoded more sequences than the largest CUDA graph
+   holds (it runs eagerly), in the end-to-end jobs (``labs/results/e2e``) of the
    models the fleet model is *fitted* on (:func:`fitted_models`, ``perf/data/e2e_split.json``; any
    record of their configs, :func:`fitted_shape`), where an MoE's tokens were routed uniformly as the
    model prices them (:func:`fit_records`); the other models' jobs stay held out. A step's measured
@@ -108,7 +109,8 @@ def fit_records(docs: list[dict], fitted: list[str]) -> list[dict]:
 
 
 def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
-    """Per step with a prefill chunk, of the fitted models' jobs: the arrays ``step_seconds`` takes
+    """Per step that vLLM does not replay as one full CUDA graph (a prefill chunk, or more decoding sequences
+    than the largest graph), of the fitted models' jobs: the arrays ``step_seconds`` takes
     (each step's :meth:`StepPricer.formula_args`), and ``measured`` (seconds)."""
     import numpy as np
 
@@ -128,7 +130,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
         pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph)
         for job in doc["jobs"]:
             for chunks, decodes, ctx, measured in recorded_steps(job):
-                if not chunks or measured <= 0:
+                if measured <= 0 or not chunks and decodes <= graph:  # a full-graph decode step: stage one's
                     continue
                 w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else list(NO_WORK)
                 for n, before, last in chunks:

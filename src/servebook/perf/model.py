@@ -36,8 +36,8 @@ sees only the tokens routed to it (``tokens x top-k / experts touched``):
 ``expert_eff = expert_matmul_peak_eff x rows / (rows + expert_half_rows) x size / (size +
 expert_half_size)``, where ``size`` is the expert's FFN width on one GPU
 (:func:`servebook.perf.work.expert_gemm_size`; narrow experts give the fused MoE kernel few
-tiles and a short inner loop), fitted to timings of that kernel alone
-(:mod:`servebook.perf.calibrate_experts`). The rows are scaled by ``2 / bytes per
+tiles and a short inner loop); the two half points are fitted to timings of that kernel alone
+(:mod:`servebook.perf.calibrate_experts`), the peak to whole steps. The rows are scaled by ``2 / bytes per
 expert weight`` (:func:`servebook.perf.work.expert_gemm_rows`: quantized experts
 reach the compute-bound regime at fewer rows than the 16-bit ones it was fitted on). ``smoothmax(a, b) = (a^p + b^p)^(1/p)``.
 
