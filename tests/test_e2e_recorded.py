@@ -51,6 +51,17 @@ def test_two_held_out_moe_engines_of_large_experts_are_priced_within_the_worst_c
         assert all(abs(r["finite_error"]) <= 0.20 for r in got), [(r["job"], r["finite_error"]) for r in got]
 
 
+def test_the_fitted_moes_uniform_long_prompt_job_is_the_worst_priced_fitted_job(rows):
+    """labs/e2e_results.md, expert-GEMM bullet: among the fitted jobs in scope, Qwen3-30B-A3B's long-prompt job with
+    uniform routing is priced worst, and its steps that carry a prompt chunk are priced too fast."""
+    from servebook.lab.e2e_analysis import in_scope
+
+    fitted = [r for r in rows if r["group"] == "fitted" and in_scope(r)]
+    worst = max(fitted, key=lambda r: abs(r["finite_error"]))
+    assert (worst["model"], worst["job"].rsplit("-", 1)[0]) == ("qwen3-30b-a3b-uniform", "long-prompt")
+    assert worst["step_error_mixed"] < -0.1
+
+
 def test_moe_jobs_held_out_are_further_off_than_the_dense_ones(rows):
     dense, moe = summary(_held(rows, False), "finite_error"), summary(_held(rows, True), "finite_error")
     assert moe["mae"] > dense["mae"], "labs/e2e_results.md: dense held-out jobs come closer than the MoE ones"
