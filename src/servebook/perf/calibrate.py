@@ -22,8 +22,8 @@ then predicted and their mean absolute percentage error (MAPE) reported.
 
 Stage zero comes first: :mod:`servebook.perf.calibrate_experts` fits the shape of the routed-expert
 GEMM efficiency (half rows, half width) to timings of vLLM's fused-MoE kernel alone
-(``labs/results/moe_kernels``); this fit keeps those two and fits the expert peak itself. MoE step timings count only when the
-engine routed uniformly (:func:`routes_as_priced`).
+(``labs/results/moe_kernels``); this fit keeps those two and fits the expert peak itself. MoE step
+timings count only when the engine routed uniformly (:func:`routes_as_priced`).
 
 Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
 shapes only: :mod:`servebook.perf.calibrate_steps` the host terms of steps that do not replay one full
@@ -452,8 +452,7 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
 
     for gpu_name, pts in by_gpu.items():
         fixed = None
-        kernel_points = [p for _, d in kernel_docs if catalogue_gpu_name((d.get("gpu") or {}).get("name", "")) == gpu_name
-                         for p in calibrate_experts.kernel_points(d)]
+        kernel_points = [p for d in on([d for _, d in kernel_docs], gpu_name) for p in calibrate_experts.kernel_points(d)]
         if kernel_points:
             stage0 = calibrate_experts.fit(kernel_points, gpu_name)
             fixed = stage0["coefficients"]

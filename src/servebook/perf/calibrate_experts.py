@@ -113,8 +113,8 @@ def fit(points: list[dict], gpu) -> dict:
     """Fit the kernel model to the ``fit`` points; report its error on every role.
 
     Returns ``coefficients`` (:data:`FITTED`), ``nuisance`` (the kernel's own peak efficiency, its
-    bandwidth efficiency, launch seconds, and the smooth-maximum exponent it held) and ``report``: per role and per shape the mean absolute error and the
-    worst error (fractions, predicted / measured - 1).
+    bandwidth efficiency, launch seconds, and the smooth-maximum exponent it held) and ``report``: per
+    role and per shape the mean absolute error and the worst error (fractions, predicted / measured - 1).
     """
     import numpy as np
     from scipy.optimize import least_squares
