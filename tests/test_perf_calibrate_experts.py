@@ -30,7 +30,7 @@ def _timed(E, N, H, k, T):
     pts = {"rows": np.array([rows]), "size": np.array([float(N)]), "flops": np.array([2.0 * T * k * 3 * N * H]),
            "bytes": np.array([distinct * 3 * N * H * 2.0])}
     x = [TRUTH[k_] for k_ in ("peak", "half_rows", "half_size", "bw_eff", "launch_s")]
-    return float(ce._kernel_seconds(x, pts, g.hbm_bandwidth_bytes_per_s, g.bf16_dense_flops)[0])
+    return float(ce.kernel_seconds(x, pts, g.hbm_bandwidth_bytes_per_s, g.bf16_dense_flops)[0])
 
 
 def _record(shapes, held_out=("big",)):

@@ -81,14 +81,7 @@ DEFAULT_ATTENTION_DIR = results_path("e2e_attention")
 DEFAULT_KERNELS_DIR = calibrate_experts.DEFAULT_DIR
 
 
-def routes_as_priced(record: dict, spec: ModelSpec) -> bool:
-    """Whether a record's engine routed MoE tokens as the step model prices them (uniformly at random):
-    always for a dense model; for an MoE only under vLLM's uniform-random routing simulation. An MoE on
-    random weights left to its own router can send a batch to far fewer experts (stage one leaves
-    such records out; they stay in ``labs/results`` as measured)."""
-    from servebook.vllm_rules.moe import routes_uniformly
-
-    return spec.moe is None or routes_uniformly(record.get("environment"))
+routes_as_priced = calibrate_steps.routes_as_priced  # the one rule both stages apply
 
 
 @dataclass(frozen=True)

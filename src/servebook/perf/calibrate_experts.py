@@ -76,9 +76,11 @@ def kernel_points(doc: dict) -> list[dict]:
     """One row per timed point: the shape, its role, tokens, rows per expert, FLOPs, bytes, seconds.
 
     Rows per touched expert and distinct experts follow the step model's uniform-routing
-    expectation (:func:`servebook.perf.work.expected_distinct_experts`), so a fitted efficiency
+    expectation (:func:`servebook.perf.work.uniform_distinct_experts`), so a fitted efficiency
     means the same thing in both places.
     """
+    from servebook.perf.work import uniform_distinct_experts
+
     held = doc.get("held_out") or []
     out = []
     for shape in doc["shapes"]:
@@ -89,14 +91,24 @@ def kernel_points(doc: dict) -> list[dict]:
             if not t_s or t_s <= 0:
                 continue
             T = int(p["tokens"])
-            distinct = E * (1.0 - (1.0 - k / E) ** T)
+            distinct = uniform_distinct_experts(E, k, T)
             out.append({"label": shape["label"], "role": role, "tokens": T, "size": float(N),
                         "rows": T * k / distinct, "flops": 2.0 * T * k * 3 * N * H,
                         "bytes": distinct * 3 * N * H * 2.0, "seconds": float(t_s)})
     return out
 
 
-def _kernel_seconds(x, pts, bw: float, flops: float):
+def point_arrays(points: list[dict]) -> dict:
+    """The numeric columns of :func:`kernel_points` rows as float arrays (what :func:`kernel_seconds` takes)."""
+    import numpy as np
+
+    return {k: np.array([p[k] for p in points], dtype=float) for k in ("rows", "size", "flops", "bytes", "seconds")}
+
+
+def kernel_seconds(x, pts: dict, bw: float, flops: float):
+    """Seconds per layer the kernel model gives points ``pts`` (:func:`point_arrays`) on a GPU of ``bw``
+    bytes/s and ``flops`` bf16 FLOP/s, with ``x`` = (kernel peak efficiency, half rows, half width,
+    bandwidth efficiency, launch seconds): the model this stage fits."""
     import numpy as np
 
     peak, half_rows, half_size, bw_eff, launch_s = x
@@ -127,14 +139,11 @@ def fit(points: list[dict], gpu) -> dict:
         raise ServebookError("the expert-kernel fit needs timings of at least two tuned expert shapes that no "
                              "held-out model uses; record them with labs/tools/moe_kernel_timing.py")
 
-    def arrays(pts):
-        return {k: np.array([p[k] for p in pts], dtype=float) for k in ("rows", "size", "flops", "bytes", "seconds")}
-
-    a = arrays(fit_pts)
+    a = point_arrays(fit_pts)
     bw, peak_flops = g.hbm_bandwidth_bytes_per_s, g.bf16_dense_flops
 
     def residuals(z):
-        r = np.log(_kernel_seconds(np.exp(z), a, bw, peak_flops)) - np.log(a["seconds"])
+        r = np.log(kernel_seconds(np.exp(z), a, bw, peak_flops)) - np.log(a["seconds"])
         s = LOSS_SCALE
         return np.sign(r) * s * np.sqrt(2.0 * (np.sqrt(1.0 + (r / s) ** 2) - 1.0))
 
@@ -146,8 +155,8 @@ def fit(points: list[dict], gpu) -> dict:
     x = np.exp(res.x)
 
     def errors(pts):
-        b = arrays(pts)
-        return _kernel_seconds(x, b, bw, peak_flops) / b["seconds"] - 1.0
+        b = point_arrays(pts)
+        return kernel_seconds(x, b, bw, peak_flops) / b["seconds"] - 1.0
 
     report: dict = {"by_role": {}, "by_shape": {}}
     for role in ("fit", "held out", "untuned"):

@@ -25,6 +25,7 @@ The loss is soft-L1 on log error (scale 0.1): a step that paid a one-time kernel
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -72,40 +73,47 @@ def recorded_steps(job: dict):
             yield chunks, decodes, (ctx / decodes if decodes else 0.0), t[k + 1] - t[k]
 
 
+@functools.lru_cache(maxsize=None)
+def _reference_config_sha(model_id: str) -> str | None:
+    """sha256 of a reference model's config (shipped data), None for an id that names none."""
+    from servebook.errors import ConfigError
+    from servebook.hf_config import load_reference_config
+    from servebook.provenance import config_sha256
+
+    try:
+        return config_sha256(load_reference_config(model_id))
+    except ConfigError:
+        return None
+
+
 def fitted_shape(doc: dict, fitted: list[str]) -> bool:
     """Whether a record is of a model the step model was fitted on: by its id, or by its config being
     one of theirs (another run of that model -- with simulated routing, say -- is not held out). An id
     that names no reference model matches by id only."""
     if doc["model_id"] in fitted:
         return True
-    from servebook.errors import ConfigError
-    from servebook.hf_config import load_reference_config
-    from servebook.provenance import config_sha256
-
-    shas = set()
-    for m in fitted:
-        try:
-            shas.add(config_sha256(load_reference_config(m)))
-        except ConfigError:  # a fitted id that is no reference model matches by its id only
-            continue
+    shas = {_reference_config_sha(m) for m in fitted} - {None}  # an id of no reference model: by id only
     return doc.get("config_sha256") in shas
 
 
-def fit_records(docs: list[dict], fitted: list[str]) -> list[dict]:
-    """The end-to-end records this stage fits on: a fitted model's shape, one GPU (TP 1), and for an MoE
-    uniform routing (vLLM's simulation), the routing the step model prices."""
-    from servebook.hf_config import load_model_spec
+def routes_as_priced(record: dict, spec) -> bool:
+    """Whether a record's engine routed MoE tokens as the step model prices them (uniformly at random):
+    always for a dense model; for an MoE only under vLLM's uniform-random routing simulation. An MoE on
+    random weights left to its own router can send a batch to far fewer experts (the fits leave such
+    records out; they stay in ``labs/results`` as measured). ``spec``: the record's ModelSpec."""
     from servebook.vllm_rules.moe import routes_uniformly
 
-    out = []
-    for doc in docs:
-        if int(doc["engine_args"].get("tensor_parallel_size") or 1) != 1 or not fitted_shape(doc, fitted):
-            continue
-        moe = load_model_spec(doc["config"], name=doc["model_id"]).moe is not None
-        if moe and not routes_uniformly(doc.get("environment")):
-            continue
-        out.append(doc)
-    return out
+    return spec.moe is None or routes_uniformly(record.get("environment"))
+
+
+def fit_records(docs: list[dict], fitted: list[str]) -> list[dict]:
+    """The end-to-end records this stage fits on: a fitted model's shape, one GPU (TP 1), and the
+    routing the step model prices (:func:`routes_as_priced`)."""
+    from servebook.hf_config import load_model_spec
+
+    return [doc for doc in docs
+            if int(doc["engine_args"].get("tensor_parallel_size") or 1) == 1 and fitted_shape(doc, fitted)
+            and routes_as_priced(doc, load_model_spec(doc["config"], name=doc["model_id"]))]
 
 
 def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
@@ -130,7 +138,7 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
         pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph)
         for job in doc["jobs"]:
             for chunks, decodes, ctx, measured in recorded_steps(job):
-                if measured <= 0 or not chunks and decodes <= graph:  # a full-graph decode step: stage one's
+                if measured <= 0 or (not chunks and decodes <= graph):  # a full-graph decode step: stage one's
                     continue
                 w = list(decode_work(spec, decodes, ctx).astuple()) if decodes else list(NO_WORK)
                 for n, before, last in chunks:

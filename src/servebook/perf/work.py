@@ -165,8 +165,13 @@ def _expected_distinct_experts(spec: ModelSpec, t):
     """:func:`expected_distinct_experts` of a float or float array ``t`` (a float for a float)."""
     if spec.moe is None:
         return 0.0 * t
-    e, k = spec.moe.num_experts, spec.moe.experts_per_token
-    return e * (1.0 - (1.0 - k / e) ** t)
+    return uniform_distinct_experts(spec.moe.num_experts, spec.moe.experts_per_token, t)
+
+
+def uniform_distinct_experts(num_experts: int, top_k: int, tokens):
+    """Expected distinct experts of ``num_experts`` that ``tokens`` tokens touch when each picks ``top_k``
+    uniformly at random: ``E x (1 - (1 - k/E)^T)``. Floats or arrays (the type of ``tokens``)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 def _expert_bytes_per_param(spec: ModelSpec) -> float:
