@@ -269,7 +269,7 @@ def test_layout_hours_bars_are_the_fleet_plans_hours(close_figures):
     coeffs, _ = calibrated_coefficients(gpu.name)
     moe = load_model_spec("gemma-4-26b-a4b")
     job = Workload(1_000_000, LengthDistribution.fixed(12_000), LengthDistribution.fixed(3_000))
-    options = {(tp, kv): plan(job, Deployment(f"tp{tp}-{kv}", moe, gpu, gpus=8, tp=tp, kv_cache_dtype=kv,
+    options = {(tp, kv): plan(job, Deployment.of(moe, gpu=gpu, gpus=8, name=f"tp{tp}-{kv}", tp=tp, kv_cache_dtype=kv,
                                               max_num_batched_tokens=16384, cudagraph_max_tokens=16384), coeffs)
                for tp in (1, 2, 8) for kv in ("auto", "fp8")}
     fig = F.plot_layout_hours(options)

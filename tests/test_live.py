@@ -213,7 +213,7 @@ def test_the_fleet_calculator_is_the_fleet_plan():
 
     spec, gpu = load_model_spec("gemma-4-26b-a4b"), gpu_numbers("H100")
     job = Workload(200_000, LengthDistribution.fixed(3000), LengthDistribution.fixed(700))
-    p = plan(job, Deployment("x", spec, gpu, gpus=16, tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8"),
+    p = plan(job, Deployment.of(spec, gpu=gpu, gpus=16, name="x", tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8"),
              calibrated_coefficients(gpu.name)[0])
     got = _numbers(live.compute({"calculator": "fleet", "model": "gemma-4-26b-a4b", "gpu": "H100", "gpus": "16",
                                  "tp": "2", "requests": "200000", "input_tokens": "3000", "output_tokens": "700",
@@ -227,7 +227,7 @@ def test_the_fleet_calculator_is_the_fleet_plan():
         assert reply == {"ok": False, "error": f"{key} {int(value)} is out of range; use a whole number >= 1"}
     # Graphs captured up to the step budget (6.22's setting): the same plan as the library's, and
     # faster than vLLM's default capture size, whose 16,384-token steps run eagerly.
-    graphs = plan(job, Deployment("x", spec, gpu, gpus=16, tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8",
+    graphs = plan(job, Deployment.of(spec, gpu=gpu, gpus=16, name="x", tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8",
                                   cudagraph_max_tokens=16384), calibrated_coefficients(gpu.name)[0])
     got = _numbers(live.compute({"calculator": "fleet", "model": "gemma-4-26b-a4b", "gpu": "H100", "gpus": "16",
                                  "tp": "2", "requests": "200000", "input_tokens": "3000", "output_tokens": "700",

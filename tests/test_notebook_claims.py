@@ -705,7 +705,7 @@ def test_fleet_plan_every_layout_batch_fits_its_kv_cache(fleet_job):
             for kv in ("auto", "fp8"):
                 for graphs in (None, 16384):
                     try:
-                        p = plan(job, Deployment(model_id, spec, gpu, gpus=8, tp=tp, kv_cache_dtype=kv,
+                        p = plan(job, Deployment.of(spec, gpu=gpu, gpus=8, name=model_id, tp=tp, kv_cache_dtype=kv,
                                                  max_num_batched_tokens=16384,
                                                  cudagraph_max_tokens=graphs), coeffs)
                     except Exception:  # the notebook prints the refusal and skips the layout
@@ -722,7 +722,7 @@ def test_fleet_plan_length_spreads_raise_the_resident_context(fleet_job):
     spec = load_model_spec("gemma-4-26b-a4b")
     spread = Workload(FLEET_REQUESTS, LengthDistribution.lognormal(FLEET_IN, 1.0, max_tokens=100_000),
                       LengthDistribution.lognormal(FLEET_OUT, 1.0, max_tokens=30_000))
-    fixed, spread = (plan(wl, Deployment(label, spec, gpu, gpus=8, tp=1, max_num_batched_tokens=16384),
+    fixed, spread = (plan(wl, Deployment.of(spec, gpu=gpu, gpus=8, name=label, tp=1, max_num_batched_tokens=16384),
                           coeffs) for label, wl in (("fixed", job), ("spread", spread)))
     assert fixed.mean_running_context_tokens == FLEET_IN + FLEET_OUT / 2
     assert spread.mean_running_context_tokens > fixed.mean_running_context_tokens
@@ -732,7 +732,7 @@ def test_fleet_plan_replicas_scale_exactly(fleet_job):
     """"hours fall as 1/GPUs while GPU-hours and cost stay flat": 8x the GPUs, 1/8 the hours."""
     job, gpu, coeffs = fleet_job
     spec = load_model_spec("gemma-4-26b-a4b")
-    p8, p64 = (plan(job, Deployment(f"{g} GPUs", spec, gpu, gpus=g, tp=1, max_num_batched_tokens=16384,
+    p8, p64 = (plan(job, Deployment.of(spec, gpu=gpu, gpus=g, name=f"{g} GPUs", tp=1, max_num_batched_tokens=16384,
                                     price_per_gpu_hour=3.0), coeffs) for g in (8, 64))
     assert abs(p8.hours / p64.hours - 8) < 1e-9 and abs(p8.gpu_hours - p64.gpu_hours) < 1e-6
 
@@ -765,7 +765,7 @@ def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_by_a_third_and_
         spec = load_model_spec(model_id)
         for tp in (1, 2, 4, 8):
             for kv in ("auto", "fp8"):
-                hours = [plan(job, Deployment("x", spec, gpu, gpus=8, tp=tp, kv_cache_dtype=kv, max_num_batched_tokens=16384,
+                hours = [plan(job, Deployment.of(spec, gpu=gpu, gpus=8, name="x", tp=tp, kv_cache_dtype=kv, max_num_batched_tokens=16384,
                                               cudagraph_max_tokens=graphs), coeffs).hours for graphs in (None, 16384)]
                 ratio = hours[1] / hours[0]
                 if model_id == "gemma-4-26b-a4b" and kv == "fp8" and tp in (4, 8):

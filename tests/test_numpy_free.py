@@ -66,7 +66,7 @@ CALLS = textwrap.dedent('''
         "step cli": cli("step", "--config", "qwen3-30b-a3b", "--gpu", "h200", "--phase", "decode", "--batch", "128",
                         "--context", "4096", "--json"),
         "fleet": plan(Workload(10**6, LengthDistribution.lognormal(1500, 0.6), LengthDistribution.lognormal(300, 0.5)),
-                      Deployment("x", llama, "h200", 8, speculation=Speculation(3, 0.7)), c).to_dict(),
+                      Deployment.of(llama, gpu="h200", gpus=8, name="x", speculation=Speculation(3, 0.7), max_num_batched_tokens=8192), c).to_dict(),
         "fleet cli": cli("fleet", "--config", "gemma-3-27b", "--gpu", "h200", "--gpus", "4", "--requests", "100000",
                          "--input-tokens", "3000", "--output-tokens", "400", "--json"),
         "speculation": [expected_tokens_per_step(4, 0.7), best_k(llama, "h200", c, alpha=0.7, batch=8,

@@ -1159,8 +1159,8 @@ def ten_million():
     moe = load_model_spec("gemma-4-26b-a4b")
 
     def layout(tp, kv, gpus=8, **kw):
-        return plan(job, Deployment(f"tp{tp}-{kv}", moe, gpu, gpus=gpus, tp=tp, kv_cache_dtype=kv,
-                                    max_num_batched_tokens=16384, cudagraph_max_tokens=16384, **kw), coeffs)
+        return plan(job, Deployment.of(moe, gpu=gpu, gpus=gpus, name=f"tp{tp}-{kv}", tp=tp, kv_cache_dtype=kv,
+                                       max_num_batched_tokens=16384, cudagraph_max_tokens=16384, **kw), coeffs)
 
     options = {(tp, kv): layout(tp, kv) for tp in (1, 2, 4, 8) for kv in ("auto", "fp8")}
     return moe, layout, options

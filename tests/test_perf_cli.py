@@ -170,8 +170,8 @@ def test_fleet_library_refuses_a_negative_price():
 
     job = Workload(1000, LengthDistribution.fixed(2000), LengthDistribution.fixed(500))
     with pytest.raises(ServebookError, match="negative"):
-        plan(job, Deployment("x", load_model_spec("llama-3.1-8b"), "h200", gpus=8, price_per_gpu_hour=-2,
-                             kv_budget_bytes_per_gpu=2**34), KNOWN)
+        plan(job, Deployment.of(load_model_spec("llama-3.1-8b"), gpu="h200", gpus=8, name="x", price_per_gpu_hour=-2,
+                             kv_budget_bytes_per_gpu=2**34, max_num_batched_tokens=8192), KNOWN)
 
 
 def test_fleet_free_gpus_cost_nothing(calibration, capsys):

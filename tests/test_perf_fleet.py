@@ -18,37 +18,37 @@ def _job(n_in=(1000,), n_out=(100, 300), requests=1_000_000):
 
 def test_time_weighted_context_by_hand():
     # outputs 100 and 300 after a 1000-token prompt: E[o (i + o/2)] / E[o] = (100*1050 + 300*1150) / 400
-    p = plan(_job(), Deployment("x", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=50 * 2**30), KNOWN)
+    p = plan(_job(), Deployment.of(LLAMA, gpu=H200, gpus=1, name="x", kv_budget_bytes_per_gpu=50 * 2**30, max_num_batched_tokens=8192), KNOWN)
     assert p.mean_running_context_tokens == pytest.approx((100 * 1050 + 300 * 1150) / 400)
 
 
 def test_batch_bounded_by_kv_budget_by_hand():
     budget = 10 * 2**30
-    p = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=budget), KNOWN)
+    p = plan(_job(n_out=(200,)), Deployment.of(LLAMA, gpu=H200, gpus=1, name="x", kv_budget_bytes_per_gpu=budget, max_num_batched_tokens=8192), KNOWN)
     assert p.batch == int(budget // (1100 * KV_PER_TOKEN)) == p.batch_kv_bound
 
 
 def test_batch_beyond_kv_capacity_is_refused_with_the_bound():
     with pytest.raises(DoesNotFitError, match="at most 74 sequences fit"):
-        plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=500, kv_budget_bytes_per_gpu=10 * 2**30),
+        plan(_job(n_out=(200,)), Deployment.of(LLAMA, gpu=H200, gpus=1, name="x", batch=500, kv_budget_bytes_per_gpu=10 * 2**30, max_num_batched_tokens=8192),
              KNOWN)
 
 
 def test_gpus_must_split_into_replicas():
     with pytest.raises(ServebookError, match="multiple of 4"):
-        plan(_job(), Deployment("x", LLAMA, H200, gpus=6, tp=4, kv_budget_bytes_per_gpu=2**34), KNOWN)
+        plan(_job(), Deployment.of(LLAMA, gpu=H200, gpus=6, name="x", tp=4, kv_budget_bytes_per_gpu=2**34, max_num_batched_tokens=8192), KNOWN)
 
 
 def test_replicas_scale_exactly():
-    a = plan(_job(), Deployment("a", LLAMA, H200, gpus=1, kv_budget_bytes_per_gpu=2**34), KNOWN)
-    b = plan(_job(), Deployment("b", LLAMA, H200, gpus=16, kv_budget_bytes_per_gpu=2**34), KNOWN)
+    a = plan(_job(), Deployment.of(LLAMA, gpu=H200, gpus=1, name="a", kv_budget_bytes_per_gpu=2**34, max_num_batched_tokens=8192), KNOWN)
+    b = plan(_job(), Deployment.of(LLAMA, gpu=H200, gpus=16, name="b", kv_budget_bytes_per_gpu=2**34, max_num_batched_tokens=8192), KNOWN)
     assert a.hours / b.hours == pytest.approx(16)
     assert a.gpu_hours == pytest.approx(b.gpu_hours)
 
 
 def test_hours_are_steps_times_step_time():
-    p = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=2, batch=32, kv_budget_bytes_per_gpu=2**34,
-                                            price_per_gpu_hour=2.0), KNOWN)
+    p = plan(_job(n_out=(200,)), Deployment.of(LLAMA, gpu=H200, gpus=2, name="x", batch=32, kv_budget_bytes_per_gpu=2**34,
+                                            price_per_gpu_hour=2.0, max_num_batched_tokens=8192), KNOWN)
     # 32 sequences x 1 token per step / 200 tokens per request = 0.16 requests finish per step
     assert p.steps_per_replica == pytest.approx(1_000_000 / 2 / 0.16)
     assert p.hours == pytest.approx(p.steps_per_replica * p.step_s / 3600)
@@ -56,9 +56,9 @@ def test_hours_are_steps_times_step_time():
 
 
 def test_speculation_reduces_steps_by_its_yield():
-    base = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=8, kv_budget_bytes_per_gpu=2**34), KNOWN)
-    spec_ = plan(_job(n_out=(200,)), Deployment("x", LLAMA, H200, gpus=1, batch=8, kv_budget_bytes_per_gpu=2**34,
-                                                speculation=Speculation(3, 0.5)), KNOWN)
+    base = plan(_job(n_out=(200,)), Deployment.of(LLAMA, gpu=H200, gpus=1, name="x", batch=8, kv_budget_bytes_per_gpu=2**34, max_num_batched_tokens=8192), KNOWN)
+    spec_ = plan(_job(n_out=(200,)), Deployment.of(LLAMA, gpu=H200, gpus=1, name="x", batch=8, kv_budget_bytes_per_gpu=2**34,
+                                                speculation=Speculation(3, 0.5), max_num_batched_tokens=8192), KNOWN)
     assert base.steps_per_replica / spec_.steps_per_replica == pytest.approx(1 + 0.5 + 0.25 + 0.125)
 
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
+from servebook.reductions import dot
 
 from servebook.vllm_rules.cache import (
     SLIDING_KERNEL_BLOCK_SIZE,
@@ -261,6 +262,20 @@ class KVCacheLayout(PaddingSummary):
         if self.uniform_type:
             return max(l.blocks_per_request(max_model_len, in_flight_tokens) for l in self.layers)
         return sum(g.spec.blocks_per_request(max_model_len, in_flight_tokens) for g in self.groups)
+
+    def admission_blocks(self, prompt_tokens: int, max_model_len: int, in_flight_tokens: int) -> int:
+        """Free block ids admitting a request of ``prompt_tokens`` needs, all groups together.
+
+        ``full_sequence_must_fit`` (vLLM's default ``scheduler_reserve_full_isl``): blocks for the
+        whole prompt in every group, a sliding group capped at its admission bound
+        (:meth:`LayerCacheSpec.blocks_per_request`): its prefill has not yet freed anything.
+        """
+        def group(spec: LayerCacheSpec) -> int:
+            return min(_cdiv(prompt_tokens, spec.block_size), spec.blocks_per_request(max_model_len, in_flight_tokens))
+
+        if self.uniform_type:
+            return max(group(l) for l in self.layers)
+        return sum(group(g.spec) for g in self.groups)
 
     def running_blocks_per_request(self, request_tokens: int, unsettled_tokens: int) -> int:
         """Block ids one running request of ``request_tokens`` tokens holds at most, all groups together.
@@ -590,11 +605,13 @@ def capacity(
     if needed > available:
         longest = max_model_len_that_fits(layout, available, in_flight, max_model_len)
         hint = f"; the longest context that fits is {longest} tokens" if longest else ""
-        raise DoesNotFitError(
+        error = DoesNotFitError(
             f"one request of {max_model_len} tokens needs {needed / 2**30:.2f} GiB of KV cache "
             f"per GPU but only {available / 2**30:.2f} GiB is available{hint}. Lower "
             "--max-model-len, raise --gpu-memory-utilization, use --kv-cache-dtype fp8 or more GPUs (--tp)"
         )
+        error.longest_context_tokens = longest  # what a caller may retry with (0: none)
+        raise error
     num_blocks = available // layout.bytes_per_block
     per_request = layout.blocks_per_request(max_model_len, in_flight)
     concurrency = num_blocks / per_request
@@ -622,8 +639,12 @@ class RunningConcurrency:
         usable_blocks: blocks requests can hold (:func:`usable_kv_blocks`).
         unsettled_tokens: tokens per request past its processed prefix at a decode step
             (:func:`~servebook.vllm_rules.scheduler.decode_unsettled_tokens`).
-        max_running: ``usable_blocks // blocks_per_request``: requests that run together
-            without preemption, all at their longest.
+        max_running: requests that run together without preemption, all at their longest,
+            each admitted when blocks for its whole prompt were free in every group:
+            ``min(usable // per request, (usable - admission) // per request + 1)``.
+        admission_blocks: free block ids admitting one such request needs
+            (:meth:`KVCacheLayout.admission_blocks`); above ``blocks_per_request`` only for
+            sliding-window models, where it lowers ``max_running``.
     """
 
     request_tokens: int
@@ -631,9 +652,10 @@ class RunningConcurrency:
     usable_blocks: int
     unsettled_tokens: int
     max_running: int
+    admission_blocks: int = 0
 
 
-def running_concurrency(cap: Capacity, request_tokens: int) -> RunningConcurrency:
+def running_concurrency(cap: Capacity, request_tokens: int, prompt_tokens: int | None = None) -> RunningConcurrency:
     """Requests of ``request_tokens`` tokens that can run at once in ``cap``'s pool (run-time figure).
 
     The start-up log's ``Maximum concurrency`` (:attr:`Capacity.max_concurrency`) is an
@@ -646,12 +668,15 @@ def running_concurrency(cap: Capacity, request_tokens: int) -> RunningConcurrenc
     (:meth:`KVCacheLayout.running_blocks_per_request`) while full-attention groups hold
     ``cdiv(tokens, block_size)``. This counts a request at its longest (its last decode step).
 
-    Two things the figure leaves out, both of which make the measured peak a little lower:
-    admitting a new request needs free blocks for its whole prompt in every group, sliding
-    ones included, capped at the admission bound (``KVCacheManager.allocate_slots`` with
-    ``full_sequence_must_fit``, the default ``scheduler_reserve_full_isl``), and a prefill
-    chunk holds ``window + chunk`` tokens' blocks until the step is processed. For a pure
-    full-attention model the two figures agree at ``max_model_len`` up to the null block.
+    Admitting a new request needs free blocks for its whole prompt (``prompt_tokens``, default
+    ``request_tokens``) in every group, sliding ones included, capped at the admission bound
+    (``KVCacheManager.allocate_slots`` with ``full_sequence_must_fit``, the default
+    ``scheduler_reserve_full_isl``): with ``R - 1`` requests running at their longest, the
+    ``R``-th is admitted only if ``(R - 1) x per request + admission <= usable``. For a
+    full-attention model the admission is at most the running hold and changes nothing; for a
+    sliding-window model it costs a few requests. Left out: a prefill chunk holds ``window +
+    chunk`` tokens' blocks until the step is processed (the scheduler simulator has it). For a
+    pure full-attention model the two figures agree at ``max_model_len`` up to the null block.
 
     Raises:
         ServebookError: ``request_tokens`` not in ``[1, max_model_len]``.
@@ -663,12 +688,69 @@ def running_concurrency(cap: Capacity, request_tokens: int) -> RunningConcurrenc
     if request_tokens > cap.max_model_len:
         raise ServebookError(f"request tokens {request_tokens} exceed max_model_len {cap.max_model_len}: vLLM "
                              f"rejects such a request; use at most {cap.max_model_len} or raise --max-model-len")
+    prompt = request_tokens if prompt_tokens is None else prompt_tokens
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 1 <= prompt <= request_tokens:
+        raise ServebookError(f"prompt tokens {prompt!r} is not allowed; use a number of tokens in [1, "
+                             f"{request_tokens}] (the request's prompt, at most its prompt + output)")
     unsettled = decode_unsettled_tokens(cap.async_scheduling)
     per_request = cap.layout.running_blocks_per_request(request_tokens, unsettled)
     usable = usable_kv_blocks(cap.num_gpu_blocks)
+    admission = cap.layout.admission_blocks(prompt, cap.max_model_len, cap.in_flight_tokens)
     running = usable // per_request
+    if admission > per_request:
+        running = min(running, max(0, usable - admission) // per_request + 1) if admission <= usable else 0
     if running < 1:
         raise DoesNotFitError(f"one running request of {request_tokens} tokens holds {per_request} blocks but the "
                               f"pool has {usable}; shorten the requests or give the KV cache more memory")
     return RunningConcurrency(request_tokens=request_tokens, blocks_per_request=per_request, usable_blocks=usable,
-                              unsettled_tokens=unsettled, max_running=running)
+                              unsettled_tokens=unsettled, max_running=running, admission_blocks=admission)
+
+
+def _bytes_per_token_by_window(layout: KVCacheLayout) -> dict:
+    """``{window or None: bytes per token}`` over the layout's cache-owning layers, in layer order
+    (None: full attention and MLA). Bytes per token per GPU."""
+    per_group: dict = {}
+    for layer in layout.layers:
+        per_group[layer.sliding_window] = per_group.get(layer.sliding_window, 0) + layer.bytes_per_token
+    return per_group
+
+
+def _sliding_running_hold_tokens(layout: KVCacheLayout, window: int, unsettled_tokens: int) -> int:
+    """Token slots a sliding layer of ``window`` holds for one running request: the run-time rule
+    (:func:`~servebook.vllm_rules.sliding_window_running_blocks`) in whole blocks."""
+    block = next(l.block_size for l in layout.layers if l.sliding_window == window)
+    return sliding_window_running_blocks(window, block, unsettled_tokens) * block
+
+
+def mean_running_bytes(layout: KVCacheLayout, contexts: Sequence[float], weights: Sequence[float], *,
+                       unsettled_tokens: int) -> float:
+    """KV bytes per GPU one running request holds on average over a length distribution.
+
+    ``contexts``: tokens in a running request's cache at sample moments, ``weights`` their time
+    weights (summing to 1). Full-attention and MLA layers hold every token; a sliding layer holds
+    at most its run-time window (:func:`~servebook.vllm_rules.sliding_window_running_blocks` with
+    ``unsettled_tokens``, blocks that left the window being freed). Block rounding of full
+    layers is ignored (a time average over a distribution); :func:`running_concurrency` counts
+    whole blocks for one length. ``servebook.perf.fleet`` sizes its batch with this.
+    """
+    total = 0.0
+    for window, bytes_per_token in _bytes_per_token_by_window(layout).items():
+        if window is None:
+            held = contexts
+        else:
+            cap = float(_sliding_running_hold_tokens(layout, window, unsettled_tokens))
+            held = [c if c <= cap else cap for c in contexts]
+        total += dot(weights, held) * bytes_per_token
+    return total
+
+
+def admission_bytes(layout: KVCacheLayout, request_tokens: float, *, in_flight_tokens: int) -> float:
+    """KV bytes per GPU that admitting one request of ``request_tokens`` may book: every token in
+    full-attention layers, ``min(tokens, window - 1 + in-flight tokens)`` in sliding ones (the
+    admission bound, :func:`~servebook.vllm_rules.sliding_window_hold_tokens`). No block rounding."""
+    total = 0.0
+    for window, bytes_per_token in _bytes_per_token_by_window(layout).items():
+        held = request_tokens if window is None else min(request_tokens,
+                                                          sliding_window_hold_tokens(window, in_flight_tokens))
+        total += held * bytes_per_token
+    return total

@@ -306,7 +306,7 @@ def _fleet(config: str, request: dict) -> dict:
     if graphs < 0:
         raise ServebookError(f"cudagraph_max_tokens {graphs} is out of range; use 0 for vLLM's default or the "
                              "largest step, in tokens, that runs as a CUDA graph")
-    p = plan(job, Deployment(spec.name, spec, gpu, gpus=values["gpus"], tp=values["tp"],
+    p = plan(job, Deployment.of(spec, gpu=gpu, gpus=values["gpus"], name=spec.name, tp=values["tp"],
                              max_num_batched_tokens=values["max_num_batched_tokens"],
                              cudagraph_max_tokens=graphs or None,
                              kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))), coeffs)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servebook import PINNED_VLLM
-from servebook.errors import ServebookError
+from servebook.errors import DoesNotFitError, ServebookError
 from servebook.kv_cache import (
     Capacity,
     RunningConcurrency,
@@ -61,13 +61,16 @@ from servebook.memory import (
 )
 from servebook.model_spec import ModelSpec
 from servebook.shipped import MODELS_DIR
-from servebook.vllm_rules import check_tp_size
+from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
 #: Fraction of the run-time KV concurrency recommended for ``--max-num-seqs`` (see module docstring).
 MAX_NUM_SEQS_FRACTION = 0.85
 KV_CACHE_DTYPES = ("auto", "fp8")
+#: How the engine is started, which sets vLLM's batch defaults: ``serve`` (``vllm serve``, usage
+#: context ``OPENAI_API_SERVER``) or ``offline`` (the ``LLM`` class, ``LLM_CLASS``).
+USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "offline": "LLM_CLASS"}
 #: The metrics to watch after setting ``--max-num-seqs`` (vllm_claims.toml checks both names).
 WATCH_METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions")
 #: One line on why the two concurrency figures differ.
@@ -96,6 +99,69 @@ class Plan:
     running: RunningConcurrency
     recommended_max_num_seqs: int
     coefficients_summary: str = ""
+    #: ``serve`` or ``offline`` (:data:`USAGE_CONTEXTS`): which of vLLM's batch defaults apply.
+    usage_context: str = "serve"
+    #: the engine's ``--max-num-seqs``: the one given, else vLLM's default for the usage context
+    #: and GPU (at most ``max_num_batched_tokens``, which vLLM requires). Sequences.
+    max_num_seqs: int = 0
+    #: the largest step captured as a CUDA graph when given (tokens); None: vLLM's rule.
+    cudagraph_max_tokens_given: int | None = None
+    #: whether the KV budget was given (``available_kv_gib``) rather than computed.
+    kv_budget_given: bool = False
+
+    # -- what the other models read --------------------------------------------------------
+    @property
+    def tokens_per_block(self) -> int:
+        """The engine's block size after grouping, tokens."""
+        return self.capacity.block_size
+
+    @property
+    def usable_blocks(self) -> int:
+        """Block ids requests can hold (``num_gpu_blocks`` less the null block)."""
+        return self.running.usable_blocks
+
+    def cudagraph_max_tokens(self, num_speculative_tokens: int = 0) -> int:
+        """The largest step (tokens) replayed as a CUDA graph: the one given, else vLLM's rule for
+        this plan's ``max_num_seqs`` and token budget (:func:`servebook.vllm_rules.cudagraph_max_tokens`)."""
+        if self.cudagraph_max_tokens_given is not None:
+            return self.cudagraph_max_tokens_given
+        return cudagraph_max_tokens(self.max_num_seqs, self.max_num_batched_tokens,
+                                    num_speculative_tokens=num_speculative_tokens,
+                                    architecture=self.spec.architecture)
+
+    def pool_groups(self) -> tuple[int, tuple[int, ...]]:
+        """``(full groups, sliding windows)``: the KV cache groups as the scheduler simulator's pool
+        counts them (:class:`servebook.simulator.SchedulerConfig`). A uniform-type layout (one block
+        table for all layers) is one full group."""
+        layout = self.capacity.layout
+        if layout.uniform_type:
+            return 1, ()
+        full, windows = 0, []
+        for g in layout.groups:
+            if g.spec.block_size != layout.block_size:
+                raise ServebookError(f"{self.spec.name}'s KV groups use block sizes "
+                                     f"{sorted({x.spec.block_size for x in layout.groups})}: the scheduler "
+                                     "simulator models one block size; pass --block-size to unify them")
+            if g.kind == "sliding":
+                windows.append(int(g.spec.sliding_window))
+            else:
+                full += 1
+        return full, tuple(windows)
+
+    def scheduler_config(self, **overrides):
+        """The scheduler simulator's settings for this deployment: its KV pool (usable blocks, block
+        size, groups) and batch limits. ``overrides`` replace fields (e.g. ``enable_prefix_caching``,
+        ``max_model_len``). Prefix caching is off for sliding-window models (not simulated there)."""
+        from servebook.simulator.config import SchedulerConfig
+
+        full, windows = self.pool_groups()
+        fields = dict(num_blocks=self.usable_blocks, block_size=self.tokens_per_block,
+                      max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                      max_model_len=self.max_model_len, full_groups=full, sliding_windows=windows)
+        fields.update(overrides)
+        if windows:
+            fields["enable_prefix_caching"] = False
+        return SchedulerConfig(**fields)
 
     @property
     def request_tokens(self) -> int:
@@ -124,11 +190,13 @@ class Plan:
         return {
             "model": self.spec.name,
             "vllm_rules": PINNED_VLLM,
+            "usage_context": self.usage_context,
             "gpu": self.gpu_name,
             "gpu_memory_gib": None if self.gpu_memory_bytes is None else self.gpu_memory_bytes / GIB,
             "tp": self.tp,
             "max_model_len": self.max_model_len,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "kv_cache_dtype": self.kv_cache_dtype,
             "block_size": cap.block_size,
@@ -148,6 +216,7 @@ class Plan:
             "running_blocks_per_request": self.running.blocks_per_request,
             "usable_gpu_blocks": self.running.usable_blocks,
             "running_concurrency": self.running.max_running,
+            "admission_blocks_per_request": self.running.admission_blocks,
             "concurrency_note": FIGURES_NOTE,
             "kv_cache_groups": len(cap.layout.groups),
             "padding_layers": cap.padding_layers,
@@ -158,12 +227,13 @@ class Plan:
         }
 
 
-def recommended_max_num_seqs(running_concurrency: float, default_max_num_seqs: int) -> int:
-    """85% of the run-time concurrency (requests), at least 1, at most that figure and vLLM's default."""
+def recommended_max_num_seqs(running_concurrency: float, max_num_seqs: int) -> int:
+    """85% of the run-time concurrency (requests), at least 1, at most that figure and the engine's
+    ``max_num_seqs`` (vLLM's default unless given; never above the token budget)."""
     ceiling = math.floor(running_concurrency)
     if ceiling < 1:
         raise ServebookError("the KV cache cannot hold one running request; lower --max-model-len or --request-tokens")
-    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * running_concurrency), ceiling, default_max_num_seqs))
+    return max(1, min(math.floor(MAX_NUM_SEQS_FRACTION * running_concurrency), ceiling, max_num_seqs))
 
 
 def _resolve_gpu(name: str) -> tuple[str, int]:
@@ -255,7 +325,7 @@ def _positive(name: str, value: int | None) -> None:
 
 
 def make_plan(
-    config: str,
+    config: str | ModelSpec,
     *,
     gpu: str | None = None,
     tp: int = 1,
@@ -266,12 +336,28 @@ def make_plan(
     max_num_batched_tokens: int | None = None,
     available_kv_gib: float | None = None,
     request_tokens: int | None = None,
+    prompt_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    usage_context: str = "serve",
+    cudagraph_max_tokens: int | None = None,
 ) -> Plan:
-    """Compute a :class:`Plan`: what ``servebook plan`` prints, for one deployment.
+    """Compute a :class:`Plan`: the one description of a deployment every model prices.
 
-    ``request_tokens``: prompt + output tokens of the requests the run-time concurrency is
-    for (default ``max_model_len``); at most ``max_model_len``.
+    Every engine default is resolved here, once, by vLLM's rule (:mod:`servebook.vllm_rules`)
+    for the usage context: ``serve`` (``vllm serve``) or ``offline`` (the ``LLM`` class, whose
+    batch defaults are larger). ``config``: a reference id, a config.json path or model
+    directory, or a :class:`~servebook.model_spec.ModelSpec`. ``request_tokens``: prompt +
+    output tokens of the requests the run-time concurrency is for (default ``max_model_len``);
+    at most ``max_model_len``; ``prompt_tokens``: their prompt (default: all of it), which
+    admission must find free blocks for. ``max_num_seqs``: the engine's ``--max-num-seqs`` (default
+    vLLM's, capped at the token budget). ``cudagraph_max_tokens``: the largest CUDA-graph step
+    when not vLLM's (tokens).
     """
+    if usage_context not in USAGE_CONTEXTS:
+        raise ServebookError(f"--usage-context {usage_context!r} is not known; use one of "
+                             f"{', '.join(USAGE_CONTEXTS)} (serve = vllm serve, offline = the LLM class)")
+    _positive("max-num-seqs", max_num_seqs)
+    _positive("cudagraph-max-tokens", cudagraph_max_tokens)
     check_utilization(gpu_memory_utilization)
     check_tp_size(tp)
     _positive("max-model-len", max_model_len)
@@ -284,7 +370,7 @@ def make_plan(
         raise ServebookError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
     if available_kv_gib is not None and not (available_kv_gib > 0 and math.isfinite(available_kv_gib)):
         raise ServebookError(f"--available-kv-gib {available_kv_gib} is out of range; use a positive number of GiB")
-    spec = _load_spec(config)
+    spec = config if isinstance(config, ModelSpec) else _load_spec(config)
     if max_model_len is None:
         max_model_len = spec.max_position_embeddings
         if max_model_len < 1:
@@ -302,8 +388,13 @@ def make_plan(
 
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
-    default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len)
+    default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len,
+                                                       usage_context=USAGE_CONTEXTS[usage_context])
     tokens = max_num_batched_tokens or default_tokens
+    if max_num_seqs is None:
+        max_num_seqs = min(default_seqs, tokens)  # vLLM refuses a budget below max_num_seqs
+    else:
+        check_batch_budget(tokens, max_num_seqs)
 
     budget = None
     if available_kv_gib is not None:
@@ -313,7 +404,7 @@ def make_plan(
             spec,
             gpu_memory_bytes=gpu_bytes,
             max_num_batched_tokens=tokens,
-            max_num_seqs=default_seqs,
+            max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
             tp=tp,
         )
@@ -322,10 +413,10 @@ def make_plan(
         spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
         block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
     )
-    running = running_concurrency(cap, max_model_len if request_tokens is None else request_tokens)
+    running = running_concurrency(cap, max_model_len if request_tokens is None else request_tokens, prompt_tokens)
     return Plan(
         spec=spec,
-        model_ref=_model_ref(config, spec),
+        model_ref=spec.name if isinstance(config, ModelSpec) else _model_ref(config, spec),
         gpu_name=gpu_name,
         gpu_memory_bytes=gpu_bytes,
         tp=tp,
@@ -339,8 +430,30 @@ def make_plan(
         available_kv_bytes=available,
         capacity=cap,
         running=running,
-        recommended_max_num_seqs=recommended_max_num_seqs(running.max_running, default_seqs),
+        recommended_max_num_seqs=recommended_max_num_seqs(running.max_running, max_num_seqs),
         coefficients_summary=load_coefficients().summary,
+        usage_context=usage_context,
+        max_num_seqs=max_num_seqs,
+        cudagraph_max_tokens_given=cudagraph_max_tokens,
+        kv_budget_given=available_kv_gib is not None,
     )
 
 
+
+
+def make_plan_that_fits(config: str | ModelSpec, *, max_model_len: int | None = None, **engine) -> tuple[Plan, bool]:
+    """:func:`make_plan`, and whether ``max_model_len`` had to be lowered to fit.
+
+    vLLM refuses to start when one request of ``max_model_len`` tokens (default: the model's
+    context) does not fit the KV cache. A batch job or a single-step question does not need the
+    full context: when ``max_model_len`` is not given and the model's does not fit, the plan
+    takes the longest context that does (the flag a reader must then pass), and says so with
+    ``True``. A given ``max_model_len`` that does not fit stays an error.
+    """
+    try:
+        return make_plan(config, max_model_len=max_model_len, **engine), False
+    except DoesNotFitError as exc:
+        longest = getattr(exc, "longest_context_tokens", 0)
+        if max_model_len is not None or not longest:
+            raise
+        return make_plan(config, max_model_len=longest, **engine), True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
+from servebook.plan import USAGE_CONTEXTS
 from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 
 
@@ -32,21 +33,31 @@ def register(sub) -> None:
     p.add_argument("--output-tokens", type=float, help="mean output length, tokens")
     p.add_argument("--output-cv", type=float, default=0.0, help="output length std/mean (lognormal)")
     p.add_argument("--batch", type=int, help="decode batch per replica (default: what the KV cache holds)")
-    p.add_argument("--max-num-seqs", type=int, default=1024)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="default: vLLM's for the usage context and GPU (servebook plan's rule)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="default: vLLM's for the usage context and GPU (servebook plan's rule)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: the model's context, lowered to what the KV cache holds (a note says so)")
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="offline",
+                   help="which of vLLM's batch defaults apply: offline (the LLM class, a batch job; default) "
+                        "or serve (vllm serve)")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                    help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--spec-k", type=int, default=0, help="speculative drafts per step")
     p.add_argument("--spec-alpha", type=float, help="per-token draft acceptance (0-1)")
     p.add_argument("--draft-config", help="draft model config.json (omit for n-gram drafting, no GPU cost)")
-    p.add_argument("--price-per-gpu-hour", type=float, default=0.0)
+    p.add_argument("--price-per-gpu-hour", type=float, default=None,
+                   help="currency units per GPU-hour (no cost line without it)")
     p.add_argument("--cudagraph-max-tokens", type=int,
                    help="largest step captured as a CUDA graph (default: vLLM's, at most 512 tokens)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
     p.add_argument("--finite-job", action="store_true",
-                   help="add the ramp and the drain of a finite job, replayed in the scheduler simulator "
-                        "(servebook.perf.finite_job; a few seconds)")
+                   help="(the default now) the ramp and the drain of the job, replayed in the scheduler "
+                        "simulator (servebook.simulator.finite_job); kept as an alias")
+    p.add_argument("--steady-state", action="store_true",
+                   help="only the steady state (no replay of the ramp and the drain)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -70,7 +81,7 @@ _AT_LEAST = (
     ("max-num-seqs", 1, "sequences per replica"),
     ("max-num-batched-tokens", 1, "tokens per engine step"),
     ("spec-k", 0, "drafts per step (0 = no speculation)"),
-    ("price-per-gpu-hour", 0, "price per GPU-hour (0 = no cost)"),
+    ("price-per-gpu-hour", 0, "price per GPU-hour (omit it for no cost line)"),
     ("cudagraph-max-tokens", 1, "largest CUDA-graph step in tokens"),
 )
 
@@ -122,34 +133,76 @@ def run(args) -> int:
         return LengthDistribution.lognormal(mean, cv) if cv else LengthDistribution.fixed(int(round(mean)))
 
     work = Workload(args.requests, lengths(args.input_tokens, args.input_cv), lengths(args.output_tokens, args.output_cv))
-    d = Deployment(name=spec.name, spec=spec, gpu=gpu, gpus=args.gpus, tp=args.tp, batch=args.batch,
-                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                   kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                   speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour,
-                   cudagraph_max_tokens=args.cudagraph_max_tokens)
+    d = Deployment.of(spec, gpu=gpu, gpus=args.gpus, tp=args.tp, batch=args.batch, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                      kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                      speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour,
+                      cudagraph_max_tokens=args.cudagraph_max_tokens, usage_context=args.usage_context)
     p = plan(work, d, coeffs)
     out = p.to_dict()
     out["gpu"] = gpu.name
     out["calibration"] = where
+    out["engine"] = {"usage_context": d.plan.usage_context, "max_num_seqs": d.max_num_seqs,
+                     "max_num_batched_tokens": d.max_num_batched_tokens, "max_model_len": d.plan.max_model_len,
+                     "kv_blocks": d.plan.usable_blocks}
     finite = None
-    if args.finite_job:
-        from servebook.perf.finite_job import finite_job_seconds
+    if args.finite_job and args.steady_state:
+        raise ServebookError("--finite-job and --steady-state contradict each other; give one")
+    if speculation is None and not args.steady_state:
+        from servebook.simulator.finite_job import finite_job_seconds
 
-        if speculation is not None:
-            raise ServebookError("--finite-job replays the job without speculative decoding; drop --spec-k or --finite-job")
         finite = out["finite_job"] = finite_job_seconds(work, d, coeffs, p)
+    elif args.finite_job:
+        raise ServebookError("--finite-job replays the job without speculative decoding; drop --spec-k or --finite-job")
     if args.json:
         print(json.dumps(out))
         return 0
+    _print_text(spec, gpu, p, finite, d, where)
+    return 0
+
+
+def _limit(p, d) -> str:
+    """What limits the steady state's batch, in the words of the flag that would change it."""
+    if p.bound != "decode":
+        return "the prefill token budget (--max-num-batched-tokens)"
+    if d.batch is not None:
+        return "--batch"
+    if p.batch == p.batch_kv_bound:
+        return "the KV cache"
+    return "--max-num-seqs"
+
+
+def _hours(seconds: float) -> str:
+    """A duration a reader can read: hours from 6 minutes up, else seconds with 3 significant digits."""
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds:.3g} s"
+
+
+def _print_text(spec, gpu, p, finite, d, where) -> None:
     print(f"{spec.name} on {p.gpus} x {gpu.name} = {p.replicas} replicas of tp={p.tp}")
-    print(f"  batch {p.batch} per replica (KV cache holds {p.batch_kv_bound}), {p.tokens_per_step:.2f} tokens/step, "
-          f"step {p.step_s * 1e3:.1f} ms, bound by {p.bound}")
-    print(f"  {p.hours:.1f} h wall ({p.prefill_hours:.1f} h prefill + {p.decode_hours:.1f} h decode), "
-          f"{p.gpu_hours:.0f} GPU-hours, cost {p.cost:,.0f}, {p.requests_per_s:.1f} requests/s")
+    steady_s = p.hours * 3600
     if finite:
-        print(f"  finite job: {finite['seconds']:.0f} s wall ({finite['seconds'] / 3600:.2f} h) = steady state "
-              f"{finite['steady_seconds']:.0f} s + ramp and drain {finite['ramp_drain_s']:.0f} s (a replica's first "
-              f"{finite['replayed_requests']} requests replayed), {finite['output_tokens_per_s']:.0f} output tokens/s")
+        job_s = finite["seconds"]
+        print(f"  the job: {_hours(job_s)} wall, {job_s * p.gpus / 3600:.3g} GPU-hours, "
+              f"{finite['output_tokens_per_s']:.0f} output tokens/s "
+              f"(steady state {_hours(steady_s)} + ramp and drain {_hours(finite['ramp_drain_s'])}; "
+              f"peak {finite['peak_running']} running per replica in the replay)")
+        share = finite["ramp_drain_s"] / job_s if job_s else 0.0
+        print("  " + ("the steady state alone is a fair answer (ramp and drain under 5%)" if share < 0.05 else
+                      f"ramp and drain are {share:.0%} of the job: the steady state alone would be too optimistic"))
+    else:
+        job_s = steady_s
+        print(f"  steady state only: {_hours(steady_s)} wall, {p.gpu_hours:.3g} GPU-hours, "
+              f"{p.output_tokens_per_s:.0f} output tokens/s (no ramp or drain)")
+    print(f"  batch {p.batch} per replica, limited by {_limit(p, d)} (KV cache holds {p.batch_kv_bound}); "
+          f"{p.tokens_per_step:.2f} tokens/step, mean step {p.step_s * 1e3:.1f} ms")
+    per_replica = p.requests_per_s * p.hours * 3600 / p.replicas if p.hours else 0.0
+    if per_replica and per_replica < p.batch:
+        print(f"  the job has {per_replica:.0f} requests per replica: it never fills that batch (the replay above "
+              "counts what runs)")
+    larger = "prefill" if p.prefill_hours > p.decode_hours else "decode"
+    print(f"  steady-state time: {_hours(p.prefill_hours * 3600)} prefill + {_hours(p.decode_hours * 3600)} decode "
+          f"({larger} takes more)")
+    if d.price_per_gpu_hour is not None:
+        print(f"  cost: {job_s * p.gpus / 3600 * d.price_per_gpu_hour:,.2f} at {d.price_per_gpu_hour:g} per GPU-hour")
     for n in p.notes + (where,):
         print(f"  note: {n}")
-    return 0

@@ -8,7 +8,13 @@ from servebook.errors import ServebookError
 from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearStepTime, SchedulerConfig, simulate,
                                  synthetic_workload_with_truncation)
+from servebook.simulator.config import TOY_MAX_MODEL_LEN
 from servebook.simulator.step_time import PerfStepTime, perf_step_time_for
+from servebook.simulator.workload import lognormal_lengths
+from servebook.plan import USAGE_CONTEXTS
+
+#: KV blocks of the toy engine (no model, no GPU to size a pool from).
+TOY_NUM_BLOCKS = 4096
 
 
 def register(sub) -> None:
@@ -27,15 +33,29 @@ def register(sub) -> None:
     p.add_argument("--reservation", choices=RESERVATIONS, default="max",
                    help="contiguous/static: slots reserved per request (default max_model_len)")
     p.add_argument("--rate", type=float, default=math.inf, help="arrival rate in requests/s (default: all at t=0)")
-    p.add_argument("--lengths", choices=sorted(LENGTH_PRESETS), default="sharegpt-like",
-                   help="prompt/output length distribution")
+    p.add_argument("--lengths", choices=sorted(LENGTH_PRESETS), default=None,
+                   help="prompt/output length distribution preset (default sharegpt-like; or give "
+                        "--input-tokens/--output-tokens, as servebook fleet takes them)")
+    p.add_argument("--input-tokens", type=float, help="mean prompt length, tokens (lognormal; with --output-tokens)")
+    p.add_argument("--input-cv", type=float, default=0.0, help="prompt length std/mean (0 = fixed lengths)")
+    p.add_argument("--output-tokens", type=float, help="mean output length, tokens (lognormal; with --input-tokens)")
+    p.add_argument("--output-cv", type=float, default=0.0, help="output length std/mean (0 = fixed lengths)")
     p.add_argument("--num-blocks", type=int, default=None,
-                   help="usable KV blocks (default: with the perf step model, what vLLM would allocate for the "
-                   "model on the GPU per the memory model, less its null block; otherwise 4096)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-model-len", type=int, default=2048)
+                   help="usable KV blocks (default: with --config, the deployment's pool from servebook plan, "
+                   f"its KV groups included; otherwise {TOY_NUM_BLOCKS})")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block (default: vLLM's, 16 on CUDA)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="default: vLLM's for the usage context and GPU with --config (as servebook plan); "
+                        "otherwise the toy engine's")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="default: vLLM's for the usage context and GPU with --config; otherwise the toy engine's")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=f"default: the toy engine's {TOY_MAX_MODEL_LEN} tokens (with --config too: a "
+                        "simulation of the model's full context would hold few requests)")
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="serve",
+                   help="with --config: which of vLLM's batch defaults apply (serve = vllm serve, "
+                        "offline = the LLM class)")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)
     p.add_argument("--shared-prefix-tokens", type=int, default=0, help="tokens of a prompt prefix all requests share")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -56,7 +76,19 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _step_model(args):
+def _plan(args):
+    """The deployment servebook plan sizes for these arguments (with --config), else None."""
+    if not args.config or (args.step_model or "perf") != "perf" or not args.gpu:
+        return None
+    from servebook.plan import make_plan
+
+    return make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len or TOY_MAX_MODEL_LEN,
+                     kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+                     max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                     gpu_memory_utilization=args.gpu_memory_utilization, usage_context=args.usage_context)
+
+
+def _step_model(args, plan=None):
     """The step cost model the arguments ask for, and a line saying what it is."""
     model = args.step_model or ("perf" if args.config else "linear")
     if model == "linear":
@@ -71,34 +103,51 @@ def _step_model(args):
                              "(e.g. --config llama-3.1-8b --gpu h200)")
     check_tp_size(args.tp)
     step, where = perf_step_time_for(args.config, args.gpu, tp=args.tp, kv_cache_dtype=args.kv_cache_dtype,
-                                     max_num_seqs=args.max_num_seqs,
-                                     max_num_batched_tokens=args.max_num_batched_tokens,
+                                     max_num_seqs=plan.max_num_seqs,
+                                     max_num_batched_tokens=plan.max_num_batched_tokens,
                                      calibration=args.calibration)
     return step, (f"step times: performance model for {step.spec.name} on {step.coeffs.gpu or args.gpu}, "
                   f"TP {args.tp} ({where})")
 
 
-def run(args) -> int:
-    step_model, step_note = _step_model(args)
-    num_blocks = args.num_blocks
-    if num_blocks is None:
-        num_blocks = 4096
-        if isinstance(step_model, PerfStepTime):
-            from servebook.simulator.sizing import planned_num_blocks
+def _lengths(args):
+    """The length distribution: a preset, or lognormal lengths from fleet's flags."""
+    given = [f for f, v in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens)) if v is not None]
+    if not given:
+        return args.lengths or "sharegpt-like"
+    if args.lengths:
+        raise ServebookError("--lengths is a preset; give either it or --input-tokens/--output-tokens, not both")
+    if len(given) == 1:
+        raise ServebookError("--input-tokens and --output-tokens go together (means in tokens; add the missing one)")
+    return lognormal_lengths(args.input_tokens, args.input_cv, args.output_tokens, args.output_cv)
 
-            num_blocks = planned_num_blocks(args.config, args.gpu, tp=args.tp, max_model_len=args.max_model_len,
-                                            kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
-                                            max_num_batched_tokens=args.max_num_batched_tokens,
-                                            gpu_memory_utilization=args.gpu_memory_utilization)
-            step_note += f"; {num_blocks} KV blocks from the memory model"
-    config = SchedulerConfig(
-        num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        enable_prefix_caching=not args.no_prefix_caching, policy=args.policy, reservation=args.reservation,
-    )
+
+def run(args) -> int:
+    plan = _plan(args)
+    step_model, step_note = _step_model(args, plan)
+    max_model_len = args.max_model_len or TOY_MAX_MODEL_LEN
+    policy_fields = dict(long_prefill_token_threshold=args.long_prefill_token_threshold,
+                         enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
+                         reservation=args.reservation)
+    engine = {k: v for k, v in (("block_size", args.block_size), ("max_num_seqs", args.max_num_seqs),
+                                ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+    if isinstance(step_model, PerfStepTime):
+        # the deployment's engine, as servebook plan sizes it: one answer for its pool and limits
+        overrides = dict(policy_fields)
+        if args.num_blocks is not None:
+            overrides["num_blocks"] = args.num_blocks
+        full, windows = plan.pool_groups()
+        if windows and args.policy != "paged":
+            overrides.update(full_groups=1, sliding_windows=())  # contiguous reservations know no groups
+        config = plan.scheduler_config(**overrides)
+        step_note += (f"; {config.num_blocks} KV blocks" + (" given" if args.num_blocks is not None else
+                      f" from servebook plan ({len(windows)} sliding-window groups, prefix caching not simulated)"
+                      if windows and args.policy == "paged" else " from servebook plan"))
+    else:
+        config = SchedulerConfig(num_blocks=args.num_blocks or TOY_NUM_BLOCKS, max_model_len=max_model_len,
+                                 **engine, **policy_fields)
     requests, truncation = synthetic_workload_with_truncation(
-        args.requests, arrival_rate_per_s=args.rate, lengths=args.lengths, max_model_len=args.max_model_len,
+        args.requests, arrival_rate_per_s=args.rate, lengths=_lengths(args), max_model_len=max_model_len,
         shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed,
     )
     result = simulate(requests, config, step_model)
@@ -119,8 +168,9 @@ def run(args) -> int:
         ("inter-token", f"mean {s['itl_mean_s'] * 1000:.1f} ms"),
         ("latency", f"mean {s['latency_mean_s']:.2f} s, p99 {s['latency_p99_s']:.2f} s"),
         ("preemptions", s["preemptions"]),
-        ("KV holding tokens", f"{s['kv_utilisation'] * 100:.1f}% of reserved KV memory (time-weighted)"),
-        ("mean running", f"{s['mean_running']:.1f} sequences"),
+        ("KV holding tokens", "not reported for sliding-window groups" if s["kv_utilisation"] is None
+         else f"{s['kv_utilisation'] * 100:.1f}% of reserved KV memory (time-weighted)"),
+        ("mean running", f"{s['mean_running']:.1f} sequences (peak {s['peak_running']})"),
     ]
     if truncation.requests:
         rows.insert(2, ("truncated", truncation.describe(len(requests))))

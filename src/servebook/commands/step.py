@@ -30,9 +30,9 @@ def register(sub) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                    help="fraction of GPU memory vLLM may use, for the KV capacity check "
                         f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
-    p.add_argument("--cudagraph-max-tokens", type=int, default=DEFAULT_CUDAGRAPH_MAX_TOKENS,
-                   help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly "
-                        f"(default {DEFAULT_CUDAGRAPH_MAX_TOKENS})")
+    p.add_argument("--cudagraph-max-tokens", type=int, default=None,
+                   help="largest step vLLM replays as a CUDA graph; bigger steps run eagerly (default: vLLM's "
+                        f"rule for vllm serve's batch defaults on the GPU, {DEFAULT_CUDAGRAPH_MAX_TOKENS} on an H200)")
     p.add_argument("--calibration", help="calibration record to use instead of the shipped one")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -44,12 +44,17 @@ def run(args) -> int:
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients, decode_step, prefill_step
     from servebook.perf.work import check_sequence_length
-    from servebook.vllm_rules import check_tp
+    from servebook.vllm_rules import check_tp, cudagraph_max_tokens, vllm_batch_defaults
 
     spec = load_model_spec(args.config)
     gpu = gpu_numbers(args.gpu)
     check_tp(spec, args.tp)
     coeffs, where = calibrated_coefficients(gpu.name, args.calibration)
+    if args.cudagraph_max_tokens is None:
+        # vLLM's rule for vllm serve's batch defaults on this GPU (servebook plan resolves them alike)
+        default_tokens, default_seqs = vllm_batch_defaults(int(gpu.memory_bytes), gpu.name,
+                                                           max_model_len=spec.max_position_embeddings or None)
+        args.cudagraph_max_tokens = cudagraph_max_tokens(default_seqs, default_tokens, architecture=spec.architecture)
     notes = [where]
     if args.tp > 1 and not coeffs.tp_calibrated:
         notes.append("TP all-reduce not calibrated: bandwidth term at peak link speed only (a lower bound)")

@@ -122,7 +122,7 @@ def compare_with_draft(coeffs: Coefficients, gpu="h100-sxm", *, drafter: Drafter
         if accept:
             k = DRAFT_SPEC_K
             spec_cfg = Speculation(k, acceptance_for_tokens_per_step(1 + accept, k), drafter)
-        ours = plan(work, Deployment(label, spec, gpu, gpus=gpus, tp=DRAFT_TP, batch=batch, max_num_batched_tokens=8192,
+        ours = plan(work, Deployment.of(spec, gpu=gpu, gpus=gpus, name=label, tp=DRAFT_TP, batch=batch, max_num_batched_tokens=8192,
                                      speculation=spec_cfg, kv_budget_bytes_per_gpu=kv_budget_bytes_per_gpu,
                                      cudagraph_max_tokens=cudagraph_max_tokens), coeffs)
         rows.append({"scenario": label, "model": model_id, "draft": d, "ours": ours.to_dict(),

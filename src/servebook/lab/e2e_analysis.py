@@ -169,7 +169,7 @@ def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     """
     from servebook.hf_config import load_model_spec
     from servebook.lab.e2e_plan import _quantiles
-    from servebook.perf.finite_job import finite_job_seconds
+    from servebook.simulator.finite_job import finite_job_seconds
     from servebook.perf.fleet import Deployment, LengthDistribution, Workload
     from servebook.perf.gpu import gpu_numbers
     from servebook.perf.model import calibrated_coefficients
@@ -180,7 +180,7 @@ def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     flags, cols = doc["engine_args"], job["request_columns"]
     work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(_quantiles(cols["prompt_tokens"])),
                     LengthDistribution.from_samples(_quantiles(cols["output_tokens"])))
-    d = Deployment(name=doc["model_id"], spec=load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1,
+    d = Deployment.of(load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1, name=doc["model_id"],
                    max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
                    gpu_memory_utilization=float(flags["gpu_memory_utilization"]))
     return finite_job_seconds(work, d, coeffs)

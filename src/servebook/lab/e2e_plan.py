@@ -234,7 +234,7 @@ def predict(config: dict | str, inputs: list[int], outputs: list[int], engine_ar
     coeffs, where = calibrated_coefficients(g.name)
     work = Workload(len(inputs), LengthDistribution.from_samples(_quantiles(inputs)),
                     LengthDistribution.from_samples(_quantiles(outputs)))
-    d = Deployment(name=spec.name, spec=spec, gpu=g, gpus=1, tp=1,
+    d = Deployment.of(spec, gpu=g, gpus=1, name=spec.name, tp=1,
                    max_num_seqs=int(engine_args["max_num_seqs"]),
                    max_num_batched_tokens=int(engine_args["max_num_batched_tokens"]),
                    gpu_memory_utilization=float(engine_args["gpu_memory_utilization"]),

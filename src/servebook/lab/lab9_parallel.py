@@ -150,7 +150,7 @@ def predicted_configs(spec: ModelSpec, setup: ParallelSetup, coeffs) -> list[dic
                        max_num_batched_tokens=setup.max_num_batched_tokens, tp=tp, device="cuda")
         step = decode_step(spec, setup.gpu, coeffs, batch=setup.max_num_seqs, context_tokens=context, tp=tp,
                            cudagraph_max_tokens=graph_max)
-        fleet = plan(workload, Deployment(name=name, spec=spec, gpu=setup.gpu, gpus=gpus, tp=tp,
+        fleet = plan(workload, Deployment.of(spec, gpu=setup.gpu, gpus=gpus, name=name, tp=tp,
                                           max_num_seqs=setup.max_num_seqs,
                                           max_num_batched_tokens=setup.max_num_batched_tokens,
                                           gpu_memory_utilization=setup.gpu_memory_utilization,

@@ -25,31 +25,27 @@ import dataclasses
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servebook.plan import Plan
 
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import Coefficients, StepPricer
 from servebook.perf.speculative import Drafter, draft_pass_s, expected_tokens_per_step
+from servebook.kv_cache import admission_bytes, mean_running_bytes
 from servebook.perf.work import (
     Work,
     check_sequence_length,
     decode_work,
     kv_bytes_per_sequence,
-    kv_dtype_bytes,
-    kv_elements_per_token_per_gpu,
-    sliding_holds,
     prefill_work,
     prompt_chunks,
 )
 from servebook.reductions import dot, mean, pairwise_sum
-from servebook.vllm_rules import (
-    CUDA_DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    check_tp,
-    cudagraph_max_tokens,
-    vllm_batch_defaults,
-)
+from servebook.vllm_rules import CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 @dataclass(frozen=True)
@@ -114,29 +110,95 @@ class Speculation:
 
 @dataclass(frozen=True)
 class Deployment:
-    """One way to run the job.
+    """One way to run the job: a :class:`~servebook.plan.Plan` (the engine, one replica) and what only a
+    fleet adds.
+
+    Every engine setting (model, GPU, TP, KV dtype, utilisation, ``max_num_seqs``,
+    ``max_num_batched_tokens``, the KV budget, the CUDA-graph size) lives in ``plan``, resolved
+    once by :func:`servebook.plan.make_plan`; the properties below read it. Build one with
+    :meth:`of` (a batch job runs the offline ``LLM`` class: ``usage_context="offline"``).
 
     Attributes:
-        gpus: GPUs in the fleet; tp: tensor-parallel size of a replica.
-        batch: decode batch wanted; None = as many as the KV cache and max_num_seqs allow.
-        kv_budget_bytes_per_gpu: KV cache bytes per GPU; None = from the memory model.
-        price_per_gpu_hour: currency units per GPU-hour (for the cost line).
+        plan: the engine of one replica.
+        gpus: GPUs in the fleet (a multiple of the plan's TP).
+        batch: decode batch wanted; None = as many as the KV cache and ``max_num_seqs`` allow.
+        speculation: speculative decoding, or None.
+        price_per_gpu_hour: currency units per GPU-hour; None = no price (no cost line).
+        name: a label for tables (default: the model's name).
     """
 
-    name: str
-    spec: ModelSpec
-    gpu: str
+    plan: "Plan"
     gpus: int
-    tp: int = 1
     batch: int | None = None
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
-    kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    kv_budget_bytes_per_gpu: float | None = None
     speculation: Speculation | None = None
-    price_per_gpu_hour: float = 0.0
-    cudagraph_max_tokens: int | None = None  # None: vLLM's default for these settings
+    price_per_gpu_hour: float | None = None
+    name: str = ""
+    #: the plan's max_model_len was lowered from the model's context to what the KV cache fits
+    max_model_len_lowered: bool = False
+
+    @classmethod
+    def of(cls, model, *, gpu, gpus: int, tp: int = 1, batch: int | None = None,
+           max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+           kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+           kv_budget_bytes_per_gpu: float | None = None, speculation: Speculation | None = None,
+           price_per_gpu_hour: float | None = None, cudagraph_max_tokens: int | None = None,
+           usage_context: str = "offline", max_model_len: int | None = None, name: str = "") -> "Deployment":
+        """A deployment of ``model`` (ModelSpec, reference id or config path) on ``gpus`` x ``gpu``.
+
+        The engine settings go to :func:`servebook.plan.make_plan` (None = vLLM's default for
+        the usage context); ``kv_budget_bytes_per_gpu`` replaces the memory model's KV budget.
+        """
+        from servebook.plan import make_plan_that_fits
+
+        gpu_name = gpu if isinstance(gpu, str) else gpu_numbers(gpu).name
+        engine = dict(gpu=gpu_name, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+                      kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs, usage_context=usage_context, cudagraph_max_tokens=cudagraph_max_tokens,
+                      available_kv_gib=None if kv_budget_bytes_per_gpu is None else kv_budget_bytes_per_gpu / 2**30)
+        # vLLM refuses to start when one request of the default max_model_len (the model's context)
+        # does not fit; a batch job then sets --max-model-len to what fits (fleet's notes say so)
+        plan, lowered = make_plan_that_fits(model, max_model_len=max_model_len, **engine)
+        return cls(plan=plan, gpus=gpus, batch=batch, speculation=speculation,
+                   price_per_gpu_hour=price_per_gpu_hour, name=name, max_model_len_lowered=lowered)
+
+    # -- the engine, read from the plan --------------------------------------------------
+    @property
+    def spec(self) -> ModelSpec:
+        return self.plan.spec
+
+    @property
+    def gpu(self):
+        """The GPU's catalogue numbers (:func:`servebook.perf.gpu.gpu_numbers`)."""
+        return gpu_numbers(self.plan.gpu_name)
+
+    @property
+    def tp(self) -> int:
+        return self.plan.tp
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.plan.max_num_seqs
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.plan.max_num_batched_tokens
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.plan.kv_cache_dtype
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return self.plan.gpu_memory_utilization
+
+    @property
+    def kv_budget_bytes_per_gpu(self) -> float:
+        """KV cache bytes per GPU the plan carves its blocks from."""
+        return float(self.plan.available_kv_bytes)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.spec.name
 
 
 @dataclass(frozen=True)
@@ -160,7 +222,7 @@ class FleetPlan:
     decode_hours: float
     hours: float
     gpu_hours: float
-    cost: float
+    cost: float | None
     requests_per_s: float
     output_tokens_per_s: float
     kv_budget_bytes_per_gpu: float
@@ -178,21 +240,6 @@ class FleetPlan:
         return d
 
 
-def kv_budget_bytes_per_gpu(spec: ModelSpec, gpu, *, tp: int, gpu_memory_utilization: float,
-                            max_num_batched_tokens: int, max_num_seqs: int) -> tuple[float, str]:
-    """KV cache bytes per GPU (vLLM's start-up accounting, :func:`servebook.memory.memory_budget`) and its status.
-
-    Raises:
-        DoesNotFitError: the weights and other claims leave no room (the message names the smallest TP).
-    """
-    from servebook.memory import memory_budget
-
-    g = gpu_numbers(gpu)
-    b = memory_budget(spec, gpu_memory_bytes=int(g.memory_bytes), max_num_batched_tokens=int(max_num_batched_tokens),
-                      max_num_seqs=int(max_num_seqs), gpu_memory_utilization=gpu_memory_utilization, tp=tp)
-    return float(b.available_kv_bytes), f"servebook.memory.memory_budget ({b.coefficients_status} coefficients)"
-
-
 def _running_contexts(w: Workload, points_per_sequence: int = 8) -> tuple[list[float], list[float]]:
     """Contexts of running sequences and their time weights (a sequence is present ~ its output length).
 
@@ -206,32 +253,6 @@ def _running_contexts(w: Workload, points_per_sequence: int = 8) -> tuple[list[f
     weight = [p for _ in w.input_tokens.samples for p in per_output for _ in frac]
     total = pairwise_sum(weight)
     return ctx, [x / total for x in weight]
-
-
-def _mean_kv_hold(spec: ModelSpec, ctx: list[float], weights: list[float], *, tp: int, kv_cache_dtype: str,
-                  holds: dict) -> float:
-    """``sum(weights x kv_bytes_per_sequence(ctx))``: KV bytes a running sequence holds on average (per GPU).
-
-    ``holds``: tokens a sliding layer holds per window (:func:`servebook.perf.work.sliding_holds`).
-    Per layer group (full attention, each window) rather than per context: the weighted mean of the
-    tokens a group holds times its bytes per token, so a 32,768-point distribution costs a few
-    passes, not one per layer.
-    """
-    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
-    per_group: dict = {}
-    for layer in spec.layers:
-        if layer.owns_cache:
-            per_group[layer.sliding_window] = (per_group.get(layer.sliding_window, 0.0)
-                                               + kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes)
-    total = 0.0
-    for window, bytes_per_token in per_group.items():
-        if window is None:
-            held = ctx
-        else:
-            cap = float(holds[window])
-            held = [c if c <= cap else cap for c in ctx]
-        total += dot(weights, held) * bytes_per_token
-    return total
 
 
 def _prefill_work_per_request(spec: ModelSpec, w: Workload, chunk: int, tp: int, kv: str) -> tuple[Work, float]:
@@ -280,28 +301,26 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         ServebookError: GPUs not a multiple of TP, TP incompatible with the heads, ...
     """
     spec, tp = d.spec, d.tp
-    check_tp(spec, tp)
     if d.gpus < 1:
         raise ServebookError(f"a fleet needs at least one GPU, got {d.gpus}")
     if d.batch is not None and d.batch < 1:
         raise ServebookError(f"batch {d.batch} is not allowed; use at least 1 (or None: what the KV cache holds)")
-    if d.price_per_gpu_hour < 0:
-        raise ServebookError(f"price per GPU-hour {d.price_per_gpu_hour:g} is negative; use a price >= 0 (0 = no cost)")
-    if d.cudagraph_max_tokens is not None and d.cudagraph_max_tokens < 1:
-        raise ServebookError(f"cudagraph_max_tokens {d.cudagraph_max_tokens} is not allowed; use at least 1 token")
+    if d.price_per_gpu_hour is not None and d.price_per_gpu_hour < 0:
+        raise ServebookError(f"price per GPU-hour {d.price_per_gpu_hour:g} is negative; use a price >= 0 "
+                             "(omit it for no cost line)")
     if d.gpus < tp or d.gpus % tp:
         raise ServebookError(f"{d.gpus} GPUs do not split into replicas of tp={tp}; use a multiple of {tp}")
     if workload.requests < 1:
         raise ServebookError("the workload needs at least one request")
     notes = []
     replicas = d.gpus // tp
-    if d.kv_budget_bytes_per_gpu is not None:
-        kv_budget, where = float(d.kv_budget_bytes_per_gpu), "given"
-    else:
-        kv_budget, where = kv_budget_bytes_per_gpu(spec, d.gpu, tp=tp, gpu_memory_utilization=d.gpu_memory_utilization,
-                                                   max_num_batched_tokens=d.max_num_batched_tokens,
-                                                   max_num_seqs=d.max_num_seqs)
+    kv_budget = d.kv_budget_bytes_per_gpu
+    where = ("given" if d.plan.kv_budget_given
+             else f"servebook.memory.memory_budget ({d.plan.budget.coefficients_status} coefficients)")
     notes.append(f"KV budget per GPU: {where}")
+    if d.max_model_len_lowered:
+        notes.append(f"one request of the model's full context does not fit the KV cache, so vLLM would refuse "
+                     f"its default --max-model-len: this plan uses --max-model-len {d.plan.max_model_len}")
     spec_k = d.speculation.k if d.speculation else 0
     drafter = d.speculation.drafter if d.speculation else None
     if drafter is not None and drafter.spec is not None:
@@ -313,16 +332,20 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     longest = workload.input_tokens.max + workload.output_tokens.max
     check_sequence_length(spec, longest, "the longest request (input + output)",
                           "lower the input/output lengths (--input-tokens, --output-tokens) or their spread")
-    if kv_bytes_per_sequence(spec, longest, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                             sliding_extra_tokens=d.max_num_batched_tokens) > kv_budget:
+    layout = d.plan.capacity.layout
+    if admission_bytes(layout, longest, in_flight_tokens=d.plan.capacity.in_flight_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
                               f"{kv_budget / 2**30:.1f} GiB per GPU available; raise --tp, use --kv-cache-dtype fp8 "
                               "or shorten the requests (--input-tokens, --output-tokens or their spread)")
     ctx, weights = _running_contexts(workload)
     # while decoding, vLLM frees sliding-window blocks that fell out of the window (the run-time hold)
-    kv_hold = _mean_kv_hold(spec, ctx, weights, tp=tp, kv_cache_dtype=d.kv_cache_dtype,
-                            holds=sliding_holds(spec, running=True))
+    kv_hold = mean_running_bytes(layout, ctx, weights, unsettled_tokens=d.plan.running.unsettled_tokens)
     batch_kv = int(kv_budget // kv_hold)
+    # a request is admitted only when its whole prompt fits in every group (sliding ones too): for a
+    # sliding-window model that is more than a running request holds, and costs a few in the batch
+    admission = admission_bytes(layout, workload.input_tokens.mean, in_flight_tokens=d.plan.capacity.in_flight_tokens)
+    if admission > kv_hold:
+        batch_kv = min(batch_kv, int(max(0.0, kv_budget - admission) // kv_hold) + 1)
     if d.batch is not None:
         if d.batch > batch_kv:
             raise DoesNotFitError(
@@ -358,10 +381,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     decode = decode_work(spec, b_eff, ctx, tp=tp, kv_cache_dtype=d.kv_cache_dtype, query_tokens=q,
                          context_weights=weights)
     prefill = per_request_prefill.scaled(finish_per_step)
-    graph_max = d.cudagraph_max_tokens
-    if graph_max is None:
-        graph_max = cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens, num_speculative_tokens=spec_k,
-                                         architecture=spec.architecture)
+    graph_max = d.plan.cudagraph_max_tokens(num_speculative_tokens=spec_k)
     step_tokens = (decode + prefill).tokens
     if step_tokens > graph_max:
         notes.append(f"steady-state steps carry {step_tokens:.0f} tokens, more than the largest CUDA graph "
@@ -395,25 +415,15 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     if not coeffs.tp_calibrated and tp > 1:
         notes.append("TP all-reduce cost not calibrated (no TP>1 measurements): bandwidth term only, a lower bound")
     return FleetPlan(
-        name=d.name, replicas=replicas, gpus=d.gpus, tp=tp, batch=int(batch), batch_kv_bound=batch_kv, bound=bound,
+        name=d.label, replicas=replicas, gpus=d.gpus, tp=tp, batch=int(batch), batch_kv_bound=batch_kv, bound=bound,
         mean_running_context_tokens=dot(weights, ctx), tokens_per_step=e_tok, step_s=step,
         draft_s=draft_s, prefill_tokens_per_step=finish_per_step * mean_in, steps_per_replica=steps,
         prefill_hours=steps * (step - decode_only) / 3600, decode_hours=steps * (decode_only + draft_s) / 3600,
-        hours=hours, gpu_hours=hours * d.gpus, cost=hours * d.gpus * d.price_per_gpu_hour,
+        hours=hours, gpu_hours=hours * d.gpus,
+        cost=None if d.price_per_gpu_hour is None else hours * d.gpus * d.price_per_gpu_hour,
         requests_per_s=workload.requests / seconds, output_tokens_per_s=out_tokens / seconds,
         kv_budget_bytes_per_gpu=kv_budget, notes=tuple(notes), prefill_step_terms_s=prefill_terms,
         step_bound=mixed.bound)
-
-
-def serve_batch_defaults(spec: ModelSpec, gpu) -> tuple[int, int]:
-    """vLLM's ``vllm serve`` default ``(max_num_batched_tokens, max_num_seqs)`` for this model on ``gpu``.
-
-    The same call ``servebook plan`` makes (:func:`servebook.memory.vllm_batch_defaults`, with the
-    model's own context as ``max_model_len``, plan's default), so a KV check sized here and plan's
-    budget cannot disagree.
-    """
-    g = gpu_numbers(gpu)
-    return vllm_batch_defaults(int(g.memory_bytes), g.name, max_model_len=spec.max_position_embeddings or None)
 
 
 def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int = 1, kv_cache_dtype: str = "auto",
@@ -422,16 +432,21 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
                        max_num_seqs: int | None = None) -> tuple[int, float, float]:
     """(most sequences of ``context_tokens`` whose KV fits one GPU, KV budget bytes, KV bytes per sequence).
 
-    Per-sequence bytes round the context up to whole 16-token blocks; sliding
-    layers hold vLLM's run-time window (:func:`servebook.perf.work.running_sliding_hold_tokens`). ``max_num_batched_tokens`` and
-    ``max_num_seqs`` (which size the profiled activations) default to vLLM's
-    for the GPU (:func:`serve_batch_defaults`).
+    The budget is the :class:`~servebook.plan.Plan`'s for ``vllm serve`` on this GPU (``None``
+    engine arguments: vLLM's defaults, as ``servebook plan`` resolves them). Per-sequence bytes
+    round the context up to whole 16-token blocks; sliding layers hold vLLM's run-time window
+    (:func:`servebook.perf.work.running_sliding_hold_tokens`).
     """
-    default_tokens, default_seqs = serve_batch_defaults(spec, gpu)
-    max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-    max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
-    budget, _ = kv_budget_bytes_per_gpu(spec, gpu, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    from servebook.plan import make_plan_that_fits
+
+    g = gpu_numbers(gpu)
+    try:
+        plan, _ = make_plan_that_fits(spec, gpu=g.name, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                                      gpu_memory_utilization=gpu_memory_utilization,
+                                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        budget = float(plan.available_kv_bytes)
+    except DoesNotFitError:
+        budget = 0.0
     ctx = math.ceil(context_tokens / CUDA_DEFAULT_BLOCK_SIZE) * CUDA_DEFAULT_BLOCK_SIZE
     per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype, running=True))
     if budget <= 0:

@@ -4,6 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servebook.errors import ServebookError
+from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, SMALL_GPU_BATCH_DEFAULTS, sliding_window_hold_tokens,
+                                  sliding_window_running_blocks)
+
+_DEFAULT_TOKENS, _DEFAULT_SEQS = SMALL_GPU_BATCH_DEFAULTS["LLM_CLASS"]
+#: ``max_model_len`` of the toy engine (no model, so no ``max_position_embeddings`` to default to), tokens.
+TOY_MAX_MODEL_LEN = 2048
 
 #: Allocation/batching policies the simulator knows.
 POLICIES = ("paged", "contiguous", "static")
@@ -34,13 +40,29 @@ class SchedulerConfig:
             contiguous reservation) or ``static`` (a batch runs until its longest
             member is done, with contiguous reservation).
         reservation: for ``contiguous``/``static``: one of :data:`RESERVATIONS`.
+        full_groups: KV cache groups of full-attention (or MLA) layers; each holds one block per
+            ``block_size`` tokens of a request (vLLM's ``FullAttentionManager``).
+        sliding_windows: one window (tokens) per sliding-window KV cache group. Empty for a model
+            without sliding layers: then the pool is the classic one-block-per-``block_size``-tokens
+            pool. Otherwise a request holds, per sliding group, only the blocks its window still
+            covers (``SlidingWindowManager.remove_skipped_blocks``; the run-time rule of
+            :func:`servebook.vllm_rules.sliding_window_running_blocks`), and must find free blocks
+            for its whole prompt in every group at admission, capped at the group's admission
+            bound (:func:`servebook.vllm_rules.sliding_window_hold_tokens`). ``num_blocks`` then
+            counts block ids of the shared pool (one id = one block of every layer of one group),
+            as vLLM's ``num_gpu_blocks`` does. :meth:`servebook.plan.Plan.scheduler_config` fills
+            both from the model's KV layout.
+
+    Defaults (no GPU, no model: the toy engine of the mechanism pages) are vLLM's ``LLM``-class
+    batch defaults on a GPU below 70 GiB (:data:`servebook.vllm_rules.SMALL_GPU_BATCH_DEFAULTS`);
+    a deployment's own values come from :class:`servebook.plan.Plan`.
     """
 
     num_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
+    block_size: int = CUDA_DEFAULT_BLOCK_SIZE
+    max_num_seqs: int = _DEFAULT_SEQS
+    max_num_batched_tokens: int = _DEFAULT_TOKENS
+    max_model_len: int = TOY_MAX_MODEL_LEN
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
@@ -48,6 +70,8 @@ class SchedulerConfig:
     watermark: float = 0.0
     policy: str = "paged"
     reservation: str = "max"
+    full_groups: int = 1
+    sliding_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -58,6 +82,16 @@ class SchedulerConfig:
             raise ServebookError("long_prefill_token_threshold must be >= 0 (0 turns the cap off)")
         if not 0.0 <= self.watermark < 1.0:
             raise ServebookError(f"watermark is {self.watermark}; give a fraction in [0, 1)")
+        if self.full_groups < 0 or any(w < 1 for w in self.sliding_windows) or (
+                self.full_groups + len(self.sliding_windows) < 1):
+            raise ServebookError("the KV pool needs at least one group: full_groups >= 0 and sliding windows >= 1 "
+                                 "token, not both empty")
+        if self.sliding_windows and self.policy != "paged":
+            raise ServebookError(f"policy {self.policy!r} reserves contiguous memory per request and does not model "
+                                 "sliding-window groups; use policy 'paged' for a sliding-window model")
+        if self.sliding_windows and self.enable_prefix_caching:
+            raise ServebookError("prefix caching is not simulated for sliding-window models (its hits depend on "
+                                 "which blocks each window still holds); set enable_prefix_caching=False")
         if self.policy not in POLICIES:
             raise ServebookError(f"unknown policy {self.policy!r}; choose one of {POLICIES}")
         if self.reservation not in RESERVATIONS:
@@ -77,3 +111,41 @@ class SchedulerConfig:
     def watermark_blocks(self) -> int:
         """Blocks the watermark keeps free (vLLM: ``int(watermark * num_blocks)``)."""
         return int(self.watermark * self.num_blocks)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the pool has sliding-window groups (blocks counted per group, not per token)."""
+        return bool(self.sliding_windows)
+
+    def running_blocks(self, end_tokens: int, new_tokens: int) -> int:
+        """Block ids one request holds once ``end_tokens`` tokens have slots, ``new_tokens`` of them
+        scheduled in this step: ``cdiv(end, block_size)`` per full group, and per sliding group the
+        smaller of that and :func:`~servebook.vllm_rules.sliding_window_running_blocks` (``new_tokens``
+        unsettled). The classic pool (no sliding group) is ``cdiv(end, block_size)``."""
+        own = -(-end_tokens // self.block_size)
+        total = self.full_groups * own
+        for w in self.sliding_windows:
+            cap = sliding_window_running_blocks(w, self.block_size, max(new_tokens, 1))
+            total += own if own < cap else cap
+        return total
+
+    def admission_blocks(self, prompt_tokens: int) -> int:
+        """Free block ids a waiting request of ``prompt_tokens`` needs to be admitted: its whole prompt
+        in every group, a sliding group capped at its admission bound (``window - 1`` plus the step's
+        tokens in flight, :func:`~servebook.vllm_rules.sliding_window_hold_tokens`, plus one block)."""
+        own = -(-prompt_tokens // self.block_size)
+        total = self.full_groups * own
+        for w in self.sliding_windows:
+            held = min(sliding_window_hold_tokens(w, self.max_num_batched_tokens), self.max_model_len)
+            cap = -(-held // self.block_size) + 1
+            total += own if own < cap else cap
+        return total
+
+    def decode_block_increment(self, block_index: int) -> int:
+        """Block ids a plain decoder takes when its context enters token block ``block_index``
+        (1-based): one per full group, and one per sliding group whose run-time hold still grows."""
+        grows = 0
+        for w in self.sliding_windows:
+            if block_index <= sliding_window_running_blocks(w, self.block_size, 1):
+                grows += 1
+        return self.full_groups + grows

@@ -43,8 +43,10 @@ class DecodeLane:
     FIRST_PAUSE = 32
     LONGEST_PAUSE = 4096
 
-    def __init__(self, block_size: int, max_model_len: int, windows: tuple[int, ...] = ()) -> None:
+    def __init__(self, block_size: int, max_model_len: int, windows: tuple[int, ...] = (), pool_config=None) -> None:
         self.block_size = block_size
+        #: the scheduler's config when its pool has sliding-window groups (blocks per group), else None
+        self.grouped = pool_config if pool_config is not None and pool_config.grouped else None
         self.max_model_len = max_model_len
         self.windows = tuple(windows)
         #: the sum of the members' contexts (tokens in their KV cache) and, per window, the sum of
@@ -89,7 +91,8 @@ class DecodeLane:
             return False
         r.lane_since = step
         r.lane_exit = step + exit_in
-        self._plan(r, step + len(r.blocks) * self.block_size - c0 + 1)
+        allocated = (-(-c0 // self.block_size) if self.grouped else len(r.blocks)) * self.block_size
+        self._plan(r, step + allocated - c0 + 1)
         self.members.add(r)
         self.context_total += c0
         for i, w in enumerate(self.windows):
@@ -153,13 +156,29 @@ class DecodeLane:
     # -- a step -------------------------------------------------------------------
     def blocks_due(self, step: int) -> int:
         """KV blocks the members need in step ``step``."""
-        return len(self._block_due.get(step, ()))
+        due = self._block_due.get(step, ())
+        if self.grouped is None:
+            return len(due)
+        return sum(self._increment(r, step) for r in due)
+
+    def _increment(self, r, step: int) -> int:
+        """Block ids member ``r`` takes in its block step ``step`` (sliding-window pools)."""
+        context = r.num_computed + (step - r.lane_since) + 1
+        return self.grouped.decode_block_increment(-(-context // self.block_size))
 
     def take_blocks(self, step: int, pool) -> int:
         """Give each member that needs one in step ``step`` a block from ``pool``; returns how many."""
         due = self._block_due.pop(step, None)
         if not due:
             return 0
+        if self.grouped is not None:
+            taken = 0
+            for r in due:
+                n = self._increment(r, step)
+                r.blocks.extend(pool.take(n))
+                taken += n
+                self._plan(r, step + self.block_size)
+            return taken
         for r, block in zip(due, pool.take(len(due))):
             r.blocks.append(block)
             self._plan(r, step + self.block_size)

@@ -126,10 +126,12 @@ class SimulationResult:
             "latency_mean_s": mean(latency),
             "latency_p99_s": percentile(latency, 99),
             "preemptions": self.num_preemptions,
-            "kv_utilisation": util,
+            # sliding-window pools hold several groups' blocks per token: no slot-level figure
+            "kv_utilisation": None if self.config.grouped else util,
             "peak_blocks_used": max(steps.blocks_used) if len(steps) else 0,
             # a sum of counts is exact in floats in any order, so this is numpy.mean's value too
             "mean_running": float(sum(steps.running)) / len(steps) if len(steps) else 0.0,
+            "peak_running": max(steps.running) if len(steps) else 0,
         }
 
     def to_json(self, include_steps: bool = False) -> str:
@@ -151,7 +153,11 @@ def _check_fits(requests: list[RequestSpec], config: SchedulerConfig) -> None:
             )
         if config.policy == "paged":
             # The last sampled token is never written to the cache: at most total - 1 slots.
-            need = math.ceil((spec.total_tokens - 1) / config.block_size)
+            if config.grouped:
+                need = max(config.admission_blocks(min(spec.prompt_tokens, config.max_model_len)),
+                           config.running_blocks(spec.total_tokens - 1, 1))
+            else:
+                need = math.ceil((spec.total_tokens - 1) / config.block_size)
             if need > config.num_blocks:
                 raise ServebookError(
                     f"request {spec.request_id} needs {need} KV blocks but the pool has "
@@ -320,7 +326,8 @@ def simulate(
             step = len(trace) - 1
             if step >= lane.open_at:
                 for r in sampled:  # joins if it only decodes for another step or more (not when it finished)
-                    lane.join(r, step)
+                    if sched.settled(r):
+                        lane.join(r, step)
         clock = end
         if finished or (sched.running and all(r.done for r in sched.running)):
             for r in sched.finish(finished):
@@ -358,7 +365,7 @@ def _decode_lane(config: SchedulerConfig, cost, detailed: bool) -> DecodeLane | 
     windows = getattr(cost, "lane_windows", None) if detailed else ()
     if windows is None:
         return None
-    return DecodeLane(config.block_size, config.max_model_len, windows)
+    return DecodeLane(config.block_size, config.max_model_len, windows, pool_config=config)
 
 
 def _decode_contexts_in_order(sched, scheduled) -> list[int]:

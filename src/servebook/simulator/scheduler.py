@@ -222,10 +222,20 @@ class PagedScheduler(_Base):
             if left > 0:
                 if i < ahead:
                     tokens += left
-                need = (r.num_tokens + bs - 1) // bs - len(r.blocks)
+                if cfg.grouped:
+                    need = cfg.running_blocks(r.num_tokens, r.num_tokens - r.num_computed) - len(r.blocks)
+                else:
+                    need = (r.num_tokens + bs - 1) // bs - len(r.blocks)
                 if need > 0:
                     blocks += need
         return tokens <= cfg.max_num_batched_tokens and blocks <= len(self.pool.free_queue)
+
+    def settled(self, r: RequestState) -> bool:
+        """Whether ``r`` holds exactly what a decode step at its context holds (a sliding-window pool
+        keeps a prefill chunk's extra blocks until the request's next step frees them): only then can
+        it join the decode lane, whose members take blocks one token block at a time."""
+        cfg = self.config
+        return not cfg.grouped or len(r.blocks) == cfg.running_blocks(r.num_computed, 1)
 
     def _caught_up(self, r: RequestState) -> None:
         """Hash the blocks a request filled while in the lane (it did not, to save the visits)."""
@@ -245,6 +255,7 @@ class PagedScheduler(_Base):
         running = self.running
 
         caching = self.caching
+        grouped = cfg.grouped
         free_queue = pool.free_queue
         append = scheduled.append
         i = 0
@@ -266,8 +277,12 @@ class PagedScheduler(_Base):
                 continue
             end = computed + new
             blocks = r.blocks
-            need = (end + bs - 1) // bs - len(blocks)
-            if need > 0:
+            need = (cfg.running_blocks(end, new) if grouped else (end + bs - 1) // bs) - len(blocks)
+            if need < 0:  # sliding groups: blocks that left the window go back (remove_skipped_blocks)
+                pool.free(blocks[need:])
+                del blocks[need:]
+                self.blocks_running += need
+            elif need > 0:
                 ok = True
                 while need > len(free_queue):
                     victim = running.pop()
@@ -308,10 +323,16 @@ class PagedScheduler(_Base):
                 mark = watermark if running else 0
                 free = len(pool.free_queue)
                 if cfg.reserve_full_prompt:
-                    full_need = (min(r.num_tokens, max_len) + bs - 1) // bs - len(hits) + evictable
+                    if grouped:  # no prefix caching here: no hits
+                        full_need = cfg.admission_blocks(min(r.num_tokens, max_len))
+                    else:
+                        full_need = (min(r.num_tokens, max_len) + bs - 1) // bs - len(hits) + evictable
                     if full_need + mark > free:
                         break
-                fresh = (hit_tokens + new + bs - 1) // bs - len(hits)
+                if grouped:
+                    fresh = cfg.running_blocks(new, new)
+                else:
+                    fresh = (hit_tokens + new + bs - 1) // bs - len(hits)
                 if fresh + evictable + mark > free:
                     break
                 waiting.popleft()
@@ -336,7 +357,11 @@ class PagedScheduler(_Base):
 
     def held_tokens(self) -> int:
         """Slots in used blocks minus the unwritten tail of each running request
-        (shared blocks are full, so counting them once per user cancels out)."""
+        (shared blocks are full, so counting them once per user cancels out). A pool with
+        sliding-window groups holds block ids of several groups per token: there it returns the
+        reserved slots (the utilisation figure is not reported for such pools)."""
+        if self.config.grouped:
+            return self.reserved_slots()
         empty = self.blocks_running * self.config.block_size - self.computed_running
         return self.reserved_slots() - empty
 

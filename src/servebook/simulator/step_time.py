@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servebook.errors import ServebookError
+from servebook.simulator.config import SchedulerConfig
 from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
 
 
@@ -329,13 +330,15 @@ def perf_step_time(spec, gpu, coeffs, *, tp: int = 1, kv_cache_dtype: str = "aut
 
 
 def perf_step_time_for(config: str, gpu: str, *, tp: int = 1, kv_cache_dtype: str = "auto",
-                       max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                       max_num_seqs: int = SchedulerConfig.max_num_seqs,
+                       max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
                        calibration: str | None = None) -> tuple[PerfStepTime, str]:
     """Load a model (config.json path, directory or reference id) and a GPU's calibration.
 
     Returns the step-time model and a note on where its coefficients come from. The
     CUDA-graph limit follows vLLM's default for ``max_num_seqs`` and
-    ``max_num_batched_tokens``.
+    ``max_num_batched_tokens`` (default: the toy engine's, :class:`SchedulerConfig`; a
+    deployment passes its :class:`~servebook.plan.Plan`'s).
     """
     from servebook.hf_config import load_model_spec
     from servebook.perf.gpu import gpu_numbers

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from servebook.errors import ServebookError
 from servebook.reductions import require_numpy
+from servebook.simulator.config import TOY_MAX_MODEL_LEN
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,23 @@ LENGTH_PRESETS: dict[str, tuple[float, float, float, float]] = {
 }
 
 
+def lognormal_lengths(input_mean: float, input_cv: float, output_mean: float, output_cv: float
+                      ) -> tuple[float, float, float, float]:
+    """``(prompt median, prompt sigma, output median, output sigma)`` of lognormal lengths with the given
+    means (tokens) and coefficients of variation (std/mean; 0 = every request the same length): the
+    form of :data:`LENGTH_PRESETS`, the same lengths ``servebook fleet`` takes."""
+    out = []
+    for name, m, cv in (("input", input_mean, input_cv), ("output", output_mean, output_cv)):
+        if not (math.isfinite(m) and m >= 1):
+            raise ServebookError(f"--{name}-tokens {m:g} is not allowed; give a mean length of at least 1 token")
+        if not (math.isfinite(cv) and cv >= 0):
+            raise ServebookError(f"--{name}-cv {cv:g} is not allowed; give a coefficient of variation >= 0 "
+                                 "(0 = every request the same length)")
+        sigma = math.sqrt(math.log1p(cv * cv))
+        out += [m / math.exp(sigma * sigma / 2), sigma]
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Truncation:
     """What clipping a drawn workload to ``max_model_len`` did.
@@ -136,8 +154,8 @@ def synthetic_workload_with_truncation(
     num_requests: int,
     *,
     arrival_rate_per_s: float = math.inf,
-    lengths: str = "sharegpt-like",
-    max_model_len: int = 2048,
+    lengths: str | tuple[float, float, float, float] = "sharegpt-like",
+    max_model_len: int = TOY_MAX_MODEL_LEN,
     shared_prefix_tokens: int = 0,
     seed: int = 0,
 ) -> tuple[list[RequestSpec], Truncation]:
@@ -147,7 +165,7 @@ def synthetic_workload_with_truncation(
         num_requests: how many requests (>= 1).
         arrival_rate_per_s: mean Poisson arrival rate in requests per second;
             ``math.inf`` puts every arrival at t = 0 (an offline batch).
-        lengths: a key of :data:`LENGTH_PRESETS`.
+        lengths: a key of :data:`LENGTH_PRESETS`, or such a tuple (:func:`lognormal_lengths`).
         max_model_len: prompt + output is clipped to this many tokens, as a
             server with ``--max-model-len`` would refuse or cut longer ones.
         shared_prefix_tokens: if > 0, every prompt starts with the same prefix of
@@ -157,10 +175,14 @@ def synthetic_workload_with_truncation(
     """
     if num_requests < 1:
         raise ServebookError(f"num_requests is {num_requests}; ask for at least 1 request")
-    if lengths not in LENGTH_PRESETS:
+    if isinstance(lengths, tuple) and len(lengths) == 4:
+        preset = lengths
+    elif lengths not in LENGTH_PRESETS:
         raise ServebookError(
             f"unknown length distribution {lengths!r}; choose one of {sorted(LENGTH_PRESETS)}"
         )
+    else:
+        preset = LENGTH_PRESETS[lengths]
     if not arrival_rate_per_s > 0:
         raise ServebookError(f"arrival_rate_per_s is {arrival_rate_per_s}; give a rate > 0 requests/s")
     if shared_prefix_tokens < 0 or shared_prefix_tokens + 2 > max_model_len:
@@ -170,7 +192,7 @@ def synthetic_workload_with_truncation(
         )
     np = require_numpy("synthetic_workload (numpy's random generator draws the lengths and arrivals)")
     rng = np.random.default_rng(seed)
-    p_med, p_sig, o_med, o_sig = LENGTH_PRESETS[lengths]
+    p_med, p_sig, o_med, o_sig = preset
     prompts = np.maximum(1, np.rint(rng.lognormal(math.log(p_med), p_sig, num_requests))).astype(int)
     outputs = np.maximum(1, np.rint(rng.lognormal(math.log(o_med), o_sig, num_requests))).astype(int)
     if math.isinf(arrival_rate_per_s):

@@ -32,7 +32,12 @@ from servebook.vllm_rules.cache import (
 from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
 from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_gpu, tp_splits_heads
 from servebook.vllm_rules.scheduler import (
+    CPU_BATCH_DEFAULTS,
+    LARGE_GPU_BATCH_DEFAULTS,
     LARGE_GPU_BYTES,
+    SMALL_GPU_BATCH_DEFAULTS,
+    USAGE_CONTEXTS,
+    check_batch_budget,
     decode_unsettled_tokens,
     default_async_scheduling,
     in_flight_tokens,
@@ -41,7 +46,8 @@ from servebook.vllm_rules.scheduler import (
 )
 
 __all__ = [
-    "BLOCK_SIZE_MULTIPLE", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE", "DEFAULT_CUDAGRAPH_MAX_TOKENS",
+    "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "LARGE_GPU_BATCH_DEFAULTS",
+    "SMALL_GPU_BATCH_DEFAULTS", "USAGE_CONTEXTS", "check_batch_budget", "CUDA_DEFAULT_BLOCK_SIZE", "DEFAULT_CUDAGRAPH_MAX_TOKENS",
     "DEFAULT_GPU_MEMORY_UTILIZATION", "KV_DTYPE_BYTES", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
     "decode_unsettled_tokens", "default_async_scheduling", "default_block_size", "in_flight_tokens",

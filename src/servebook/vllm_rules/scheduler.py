@@ -10,6 +10,15 @@ from servebook.errors import ServebookError
 #: (unless the GPU is an A100): ``EngineArgs.get_batch_defaults``.
 LARGE_GPU_BYTES = 70 * 2**30
 
+#: ``(max_num_batched_tokens, max_num_seqs)`` per usage context before the ``max_model_len`` cap
+#: (``EngineArgs.get_batch_defaults``): CUDA GPUs with at least :data:`LARGE_GPU_BYTES` that are
+#: not A100s, other GPUs, and the CPU backend. Tokens, sequences.
+LARGE_GPU_BATCH_DEFAULTS = {"OPENAI_API_SERVER": (8192, 1024), "LLM_CLASS": (16384, 1024)}
+SMALL_GPU_BATCH_DEFAULTS = {"OPENAI_API_SERVER": (2048, 256), "LLM_CLASS": (8192, 256)}
+CPU_BATCH_DEFAULTS = {"OPENAI_API_SERVER": (2048, 128), "LLM_CLASS": (4096, 256)}
+#: The usage contexts vLLM distinguishes for these defaults: ``vllm serve`` and the offline ``LLM`` class.
+USAGE_CONTEXTS = ("OPENAI_API_SERVER", "LLM_CLASS")
+
 
 def vllm_batch_defaults(
     gpu_memory_bytes: int | None,
@@ -35,18 +44,30 @@ def vllm_batch_defaults(
         max_model_len: context length for the cap; None for no cap.
         device: ``"cuda"`` or ``"cpu"``.
     """
-    if usage_context not in ("OPENAI_API_SERVER", "LLM_CLASS"):
+    if usage_context not in USAGE_CONTEXTS:
         raise ServebookError(f"usage_context {usage_context!r} is not known; use OPENAI_API_SERVER or LLM_CLASS")
-    server = usage_context == "OPENAI_API_SERVER"
     if device == "cpu":
-        tokens, seqs = (2048, 128) if server else (4096, 256)
+        table = CPU_BATCH_DEFAULTS
     elif gpu_memory_bytes is not None and gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in (gpu_name or "").lower():
-        tokens, seqs = (8192, 1024) if server else (16384, 1024)
+        table = LARGE_GPU_BATCH_DEFAULTS
     else:
-        tokens, seqs = (2048, 256) if server else (8192, 256)
+        table = SMALL_GPU_BATCH_DEFAULTS
+    tokens, seqs = table[usage_context]
     if max_model_len is not None:
         tokens = min(tokens, seqs * max_model_len)
     return tokens, seqs
+
+
+def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    """vLLM's rule that one step's token budget holds a token of every running sequence.
+
+    ``SchedulerConfig._verify_args`` (``config/scheduler.py``) refuses ``max_num_batched_tokens``
+    below ``max_num_seqs``. Tokens, sequences.
+    """
+    if max_num_batched_tokens < max_num_seqs:
+        raise ServebookError(f"--max-num-batched-tokens {max_num_batched_tokens} is below --max-num-seqs "
+                             f"{max_num_seqs}: vLLM requires max_num_batched_tokens >= max_num_seqs; raise "
+                             f"--max-num-batched-tokens to at least {max_num_seqs} or lower --max-num-seqs")
 
 
 def default_async_scheduling(device: str = "cuda") -> bool:

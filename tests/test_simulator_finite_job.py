@@ -1,4 +1,4 @@
-"""servebook.perf.finite_job: fleet's steady state plus the ramp and drain replayed in the simulator."""
+"""servebook.simulator.finite_job: fleet's steady state plus the ramp and drain replayed in the simulator."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from servebook.hf_config import load_model_spec
-from servebook.perf.finite_job import REPLAY_BATCHES, finite_job_seconds
+from servebook.simulator.finite_job import REPLAY_BATCHES, finite_job_seconds
 from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
 from servebook.perf.gpu import gpu_numbers
 from servebook.perf.model import calibrated_coefficients
@@ -18,7 +18,7 @@ from servebook.perf.model import calibrated_coefficients
 def setup():
     g = gpu_numbers("h200")
     coeffs, _ = calibrated_coefficients(g.name)
-    d = Deployment(name="llama", spec=load_model_spec("llama-3.1-8b"), gpu=g, gpus=1, max_num_seqs=64,
+    d = Deployment.of(load_model_spec("llama-3.1-8b"), gpu=g, gpus=1, name="llama", max_num_seqs=64,
                    max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
     return d, coeffs
 

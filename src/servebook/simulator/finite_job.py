@@ -1,4 +1,4 @@
-"""A finite job's wall time: fleet's steady state plus the ramp and the drain, from the simulator.
+"""A finite job's wall time: fleet's steady state plus the ramp and the drain, replayed in the simulator.
 
 :func:`servebook.perf.fleet.plan` charges every request at the steady state's rate. A real job
 starts with an empty batch (every first prompt is prefilled before most decoding can start) and
@@ -11,6 +11,10 @@ requests (lengths cycled through the workload's samples in a fixed shuffled orde
 at once) and adds what the replay took beyond the steady state's charge for those ``n`` requests
 to fleet's time: the ramp and the drain cost the same whether the job has ``n`` requests or a
 million. A job of at most ``n`` requests is the replay itself.
+
+The replay runs the deployment's own engine: the KV pool, its groups (sliding-window groups free
+the blocks that left the window, as vLLM does), ``max_num_seqs`` and the token budget all come
+from the deployment's :class:`~servebook.plan.Plan` (:meth:`~servebook.plan.Plan.scheduler_config`).
 """
 from __future__ import annotations
 
@@ -37,28 +41,28 @@ def finite_job_seconds(workload, d, coeffs, steady=None) -> dict:
 
     ``steady`` is :func:`servebook.perf.fleet.plan`'s result for the same arguments (computed when
     None). Returns ``seconds``, ``steady_seconds`` (fleet's), ``ramp_drain_s`` (their difference),
-    ``replayed_requests`` and ``output_tokens_per_s``.
+    ``replayed_requests``, ``output_tokens_per_s``, and of the replay ``peak_running`` (most requests
+    running in one step), ``preemptions`` and ``kv_blocks`` (the pool's usable blocks).
     """
     from servebook.perf.fleet import plan
-    from servebook.perf.work import kv_bytes_per_sequence
-    from servebook.simulator import SchedulerConfig, simulate
+    from servebook.simulator.run import simulate
     from servebook.simulator.step_time import perf_step_time
-    from servebook.vllm_rules import CUDA_DEFAULT_BLOCK_SIZE, cudagraph_max_tokens
 
     p = steady or plan(workload, d, coeffs)
     per_replica = workload.requests / p.replicas
     n = int(min(per_replica, REPLAY_BATCHES * max(p.batch, 1)))
     n = max(n, 1)
-    block_bytes = float(kv_bytes_per_sequence(d.spec, CUDA_DEFAULT_BLOCK_SIZE, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype))
     longest = int(workload.input_tokens.max + workload.output_tokens.max) + 1
-    config = SchedulerConfig(num_blocks=max(1, int(p.kv_budget_bytes_per_gpu // block_bytes)), max_num_seqs=d.max_num_seqs,
-                             max_num_batched_tokens=d.max_num_batched_tokens, max_model_len=longest)
-    graph = d.cudagraph_max_tokens or cudagraph_max_tokens(d.max_num_seqs, d.max_num_batched_tokens,
-                                                           architecture=d.spec.architecture)
-    step = perf_step_time(d.spec, d.gpu, coeffs, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype, cudagraph_max_tokens=graph)
-    replay = simulate(_replay_requests(workload, n), config, step).summary()["makespan_s"]
+    config = d.plan.scheduler_config(max_model_len=max(longest, d.plan.max_model_len),
+                                     enable_prefix_caching=False)
+    step = perf_step_time(d.spec, d.gpu, coeffs, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype,
+                          cudagraph_max_tokens=d.plan.cudagraph_max_tokens())
+    summary = simulate(_replay_requests(workload, n), config, step).summary()
+    replay = summary["makespan_s"]
     steady_s = p.hours * 3600
     extra = replay - steady_s * n / per_replica
     total = steady_s + extra
     return {"seconds": total, "steady_seconds": steady_s, "ramp_drain_s": extra, "replayed_requests": n,
-            "output_tokens_per_s": workload.requests * workload.output_tokens.mean / total}
+            "output_tokens_per_s": workload.requests * workload.output_tokens.mean / total,
+            "peak_running": summary["peak_running"], "preemptions": summary["preemptions"],
+            "kv_blocks": config.num_blocks}
