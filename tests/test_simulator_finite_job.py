@@ -45,15 +45,27 @@ def test_the_ramp_and_drain_do_not_grow_with_the_job(setup):
     assert big["ramp_drain_s"] < 0.01 * big["seconds"]
 
 
-def test_cli_reports_the_finite_job_and_refuses_speculation():
+def test_cli_reports_the_job_with_its_ramp_and_drain_by_default_and_refuses_speculation_with_the_alias():
     base = [sys.executable, "-m", "servebook", "fleet", "--config", "llama-3.1-8b", "--gpu", "h200", "--gpus", "2",
             "--requests", "600", "--input-tokens", "750", "--input-cv", "0.5", "--output-tokens", "260",
-            "--output-cv", "0.5", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--finite-job"]
+            "--output-cv", "0.5", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192"]
     out = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, check=True).stdout)
-    f = out["finite_job"]
+    f = out["finite_job"]   # no flag: the default answer is the job's, ramp and drain included
     assert f["seconds"] > f["steady_seconds"] == pytest.approx(out["hours"] * 3600)
     assert f["replayed_requests"] == 300  # a replica's share: 600 requests over 2 replicas
+    assert 1 <= f["peak_running"] <= 256
+    alias = json.loads(subprocess.run(base + ["--finite-job", "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert alias["finite_job"] == f
+    steady = json.loads(subprocess.run(base + ["--steady-state", "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert "finite_job" not in steady and steady["hours"] == out["hours"]
     text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
-    assert "finite job:" in text and "ramp and drain" in text
-    bad = subprocess.run(base + ["--spec-k", "2", "--spec-alpha", "0.7"], capture_output=True, text=True)
+    assert "the job:" in text and "ramp and drain" in text and "cost" not in text  # no price, no cost line
+    priced = subprocess.run(base + ["--price-per-gpu-hour", "2.5"], capture_output=True, text=True, check=True).stdout
+    cost = f["seconds"] * 2 / 3600 * 2.5
+    assert f"cost: {cost:,.2f} at 2.5 per GPU-hour" in priced
+    bad = subprocess.run(base + ["--finite-job", "--spec-k", "2", "--spec-alpha", "0.7"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--finite-job" in bad.stderr
+    spec_ok = subprocess.run(base + ["--spec-k", "2", "--spec-alpha", "0.7"], capture_output=True, text=True)
+    assert spec_ok.returncode == 0 and "steady state only" in spec_ok.stdout

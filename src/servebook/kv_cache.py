@@ -639,12 +639,11 @@ class RunningConcurrency:
         usable_blocks: blocks requests can hold (:func:`usable_kv_blocks`).
         unsettled_tokens: tokens per request past its processed prefix at a decode step
             (:func:`~servebook.vllm_rules.scheduler.decode_unsettled_tokens`).
-        max_running: requests that run together without preemption, all at their longest,
-            each admitted when blocks for its whole prompt were free in every group:
-            ``min(usable // per request, (usable - admission) // per request + 1)``.
+        max_running: ``usable_blocks // blocks_per_request``: requests that run together
+            without preemption, all at their longest.
         admission_blocks: free block ids admitting one such request needs
             (:meth:`KVCacheLayout.admission_blocks`); above ``blocks_per_request`` only for
-            sliding-window models, where it lowers ``max_running``.
+            sliding-window models, where it costs a request or a few (see below).
     """
 
     request_tokens: int
@@ -668,15 +667,15 @@ def running_concurrency(cap: Capacity, request_tokens: int, prompt_tokens: int |
     (:meth:`KVCacheLayout.running_blocks_per_request`) while full-attention groups hold
     ``cdiv(tokens, block_size)``. This counts a request at its longest (its last decode step).
 
-    Admitting a new request needs free blocks for its whole prompt (``prompt_tokens``, default
-    ``request_tokens``) in every group, sliding ones included, capped at the admission bound
-    (``KVCacheManager.allocate_slots`` with ``full_sequence_must_fit``, the default
-    ``scheduler_reserve_full_isl``): with ``R - 1`` requests running at their longest, the
-    ``R``-th is admitted only if ``(R - 1) x per request + admission <= usable``. For a
-    full-attention model the admission is at most the running hold and changes nothing; for a
-    sliding-window model it costs a few requests. Left out: a prefill chunk holds ``window +
-    chunk`` tokens' blocks until the step is processed (the scheduler simulator has it). For a
-    pure full-attention model the two figures agree at ``max_model_len`` up to the null block.
+    Two things the figure leaves out, both of which make the measured peak a little lower:
+    admitting a new request needs free blocks for its whole prompt (``prompt_tokens``, default
+    ``request_tokens``; reported as ``admission_blocks``) in every group, sliding ones included,
+    capped at the admission bound (``KVCacheManager.allocate_slots`` with
+    ``full_sequence_must_fit``, the default ``scheduler_reserve_full_isl``), and a prefill chunk
+    holds ``window + chunk`` tokens' blocks until the step is processed. Both are in the
+    scheduler simulator (:meth:`servebook.plan.Plan.scheduler_config`). On the H200, Gemma 3
+    27B ran the figure or one fewer (labs/results, issue 20's records). For a pure
+    full-attention model the two figures agree at ``max_model_len`` up to the null block.
 
     Raises:
         ServebookError: ``request_tokens`` not in ``[1, max_model_len]``.
@@ -697,11 +696,18 @@ def running_concurrency(cap: Capacity, request_tokens: int, prompt_tokens: int |
     usable = usable_kv_blocks(cap.num_gpu_blocks)
     admission = cap.layout.admission_blocks(prompt, cap.max_model_len, cap.in_flight_tokens)
     running = usable // per_request
-    if admission > per_request:
-        running = min(running, max(0, usable - admission) // per_request + 1) if admission <= usable else 0
     if running < 1:
-        raise DoesNotFitError(f"one running request of {request_tokens} tokens holds {per_request} blocks but the "
-                              f"pool has {usable}; shorten the requests or give the KV cache more memory")
+        error = DoesNotFitError(f"one running request of {request_tokens} tokens holds {per_request} blocks but the "
+                                f"pool has {usable}; shorten the requests or give the KV cache more memory")
+        lo, hi = 0, request_tokens - 1  # the longest request that does run, for a caller to retry with
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cap.layout.running_blocks_per_request(mid, unsettled) <= usable:
+                lo = mid
+            else:
+                hi = mid - 1
+        error.longest_context_tokens = lo
+        raise error
     return RunningConcurrency(request_tokens=request_tokens, blocks_per_request=per_request, usable_blocks=usable,
                               unsettled_tokens=unsettled, max_running=running, admission_blocks=admission)
 

@@ -61,7 +61,7 @@ from servebook.memory import (
 )
 from servebook.model_spec import ModelSpec
 from servebook.shipped import MODELS_DIR
-from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
+from servebook.vllm_rules import SLIDING_KERNEL_BLOCK_SIZE, check_batch_budget, check_tp_size, cudagraph_max_tokens
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
@@ -216,7 +216,7 @@ class Plan:
             "running_blocks_per_request": self.running.blocks_per_request,
             "usable_gpu_blocks": self.running.usable_blocks,
             "running_concurrency": self.running.max_running,
-            "admission_blocks_per_request": self.running.admission_blocks,
+            "admission_blocks_for_request_tokens": self.running.admission_blocks,
             "concurrency_note": FIGURES_NOTE,
             "kv_cache_groups": len(cap.layout.groups),
             "padding_layers": cap.padding_layers,
@@ -456,4 +456,14 @@ def make_plan_that_fits(config: str | ModelSpec, *, max_model_len: int | None = 
         longest = getattr(exc, "longest_context_tokens", 0)
         if max_model_len is not None or not longest:
             raise
-        return make_plan(config, max_model_len=longest, **engine), True
+        first = exc
+    # vLLM's start-up check counts bytes; the run-time figure also keeps the null block out of the
+    # pool: step down a block at a time until one request of max_model_len runs (a few steps at most)
+    for _ in range(64):
+        try:
+            return make_plan(config, max_model_len=longest, **engine), True
+        except DoesNotFitError:
+            longest -= SLIDING_KERNEL_BLOCK_SIZE
+            if longest < 1:
+                break
+    raise first

@@ -332,6 +332,12 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     longest = workload.input_tokens.max + workload.output_tokens.max
     check_sequence_length(spec, longest, "the longest request (input + output)",
                           "lower the input/output lengths (--input-tokens, --output-tokens) or their spread")
+    if longest > d.plan.max_model_len:
+        fix = ("the KV cache holds one request of at most that many tokens: raise --tp, use --kv-cache-dtype fp8 "
+               "or shorten the requests (--input-tokens, --output-tokens or their spread)"
+               if d.max_model_len_lowered else "raise --max-model-len or shorten the requests")
+        raise DoesNotFitError(f"the longest request ({longest:,.0f} tokens) is longer than the engine's "
+                              f"--max-model-len {d.plan.max_model_len:,}; {fix}")
     layout = d.plan.capacity.layout
     if admission_bytes(layout, longest, in_flight_tokens=d.plan.capacity.in_flight_tokens) > kv_budget:
         raise DoesNotFitError(f"the longest request ({longest:.0f} tokens) needs more KV cache than the "
@@ -440,13 +446,10 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
     from servebook.plan import make_plan_that_fits
 
     g = gpu_numbers(gpu)
-    try:
-        plan, _ = make_plan_that_fits(spec, gpu=g.name, tp=tp, kv_cache_dtype=kv_cache_dtype,
-                                      gpu_memory_utilization=gpu_memory_utilization,
-                                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-        budget = float(plan.available_kv_bytes)
-    except DoesNotFitError:
-        budget = 0.0
+    plan, _ = make_plan_that_fits(spec, gpu=g.name, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                                  gpu_memory_utilization=gpu_memory_utilization,
+                                  max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    budget = float(plan.available_kv_bytes)
     ctx = math.ceil(context_tokens / CUDA_DEFAULT_BLOCK_SIZE) * CUDA_DEFAULT_BLOCK_SIZE
     per_seq = float(kv_bytes_per_sequence(spec, ctx, tp=tp, kv_cache_dtype=kv_cache_dtype, running=True))
     if budget <= 0:
