@@ -29,34 +29,29 @@ concept:
 Import rule: ``commands`` (the CLI) imports the library; the library never
 imports ``commands``.
 """
-__version__ = "0.1.0"
-
-#: The vLLM release the chapter describes; drift tests check against it.
-PINNED_VLLM = "0.27.1"
-#: The vLLM release that runs on the lent GPU (recorded GPU results say so).
-GPU_LAB_VLLM = "0.26.0"
-
-# The public face, re-exported from the modules that hold each name (defined after the
-# constants above: those modules read PINNED_VLLM from this package).
-from servebook.errors import DoesNotFitError, ServebookError  # noqa: E402
-from servebook.hardware import get_gpu, gpu_names  # noqa: E402
-from servebook.hf_config import load_model_spec, reference_model_ids  # noqa: E402
-from servebook.kv_cache import (  # noqa: E402
+# The public face, re-exported from the modules that hold each name. No module of the library
+# imports this face (tests/test_layout.py): each imports the module that holds the name.
+from servebook._version import __version__
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.hardware import get_gpu, gpu_names
+from servebook.hf_config import load_model_spec, reference_model_ids
+from servebook.kv_cache import (
     capacity,
     default_async_scheduling,
     default_block_size,
     kv_cache_layout,
     running_concurrency,
 )
-from servebook.memory import (  # noqa: E402
+from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MemoryBudget,
     memory_budget,
     vllm_batch_defaults,
 )
-from servebook.model_spec import ModelSpec  # noqa: E402
-from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan  # noqa: E402
-from servebook.startup_log import parse_startup_log, read_startup_log  # noqa: E402
+from servebook.model_spec import ModelSpec
+from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan
+from servebook.startup_log import parse_startup_log, read_startup_log
+from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM
 
 #: Names whose modules are imported on first use (PEP 562): the step-time model and the simulator
 #: import numpy today, and ``import servebook`` (with make_plan, the memory budget and the KV

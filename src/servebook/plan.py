@@ -40,7 +40,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from servebook import PINNED_VLLM
+from servebook.vllm_rules.release import PINNED_VLLM
 from servebook.errors import ServebookError
 from servebook.kv_cache import (
     Capacity,
