@@ -8,15 +8,7 @@ figure and caption it with a ``{glue:figure}`` directive; the caption carries th
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-#: Figure size on a chapter page, inches (width, height): the text column's width.
-PAGE_FIGSIZE = (7.0, 3.5)
-#: Text size on a chapter page, points: never smaller than the body text's footnotes.
-PAGE_FONT_PT = 10
-
-_PAGE_RC = {"font.size": PAGE_FONT_PT, "axes.titlesize": PAGE_FONT_PT, "axes.labelsize": PAGE_FONT_PT,
-            "xtick.labelsize": PAGE_FONT_PT, "ytick.labelsize": PAGE_FONT_PT, "legend.fontsize": PAGE_FONT_PT}
+from servebook.figure_style import PAGE_FIGSIZE, page_axes, page_style
 
 #: Colours of the start-up memory claims (as in the memory-budget notebook).
 CLAIM_COLOURS = {"weights": "#4c72b0", "activations": "#dd8452", "non-torch": "#937860",
@@ -38,22 +30,6 @@ def recorded_on(doc: dict) -> str:
     count = doc["gpu"].get("count", 1)
     gpus = doc["gpu"]["name"] + ("s" if count > 1 else "")
     return f"{_COUNT_WORDS.get(count, str(count))} {gpus}, vLLM {doc['vllm_version']}"
-
-
-@contextmanager
-def page_style():
-    """Matplotlib settings of a chapter-page figure (10-point text) for the ``with`` block."""
-    import matplotlib.pyplot as plt
-
-    with plt.rc_context(_PAGE_RC):
-        yield
-
-
-def page_axes(figsize=PAGE_FIGSIZE):
-    """A new figure of page width with one Axes (call inside :func:`page_style`)."""
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=figsize)
 
 
 # ---- 6.5: where the GPU's memory goes --------------------------------------------------------

@@ -545,11 +545,11 @@ def slo_gpu_price_index(**kw) -> float:
 
 def _lab_measurements(lab: str) -> tuple[str, dict]:
     """(file path as the repository names it, ``measurements``) of a recorded lab result, read and
-    checked by :func:`servebook.lab.recorded.load_rendered` (a lab recorded in part files comes merged);
+    checked by :func:`servebook.lab.rendered.load_lab` (a lab recorded in part files comes merged);
     ``lab`` is the file stem (``l3_preemption_gpu``)."""
-    from servebook.lab.recorded import load_rendered
+    from servebook.lab.rendered import load_lab
 
-    name, doc = load_rendered(lab)
+    name, doc = load_lab(lab)
     return repo_relative(Path(name)), doc["measurements"]
 
 

@@ -113,9 +113,9 @@ def change_quantities(m: dict) -> dict[str, float]:
 def plot_l3(measurements: dict, doc: dict | None = None):
     """Output throughput (line) and preemptions (bars) against max-num-seqs, predicted knee marked.
 
-    Drawn at page width with 10-point text (:mod:`servebook.figures`): 6.9 shows it too.
+    Drawn at page width with 10-point text (:mod:`servebook.figure_style`): 6.9 shows it too.
     """
-    from servebook.figures import page_axes, page_style
+    from servebook.figure_style import page_axes, page_style
 
     points, knee = measurements["points"], measurements["predicted_knee"]
     with page_style():

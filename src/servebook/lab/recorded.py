@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from servebook.lab.errors import LabError
 from servebook.lab.results import REQUIRED, SCHEMA
@@ -37,31 +38,25 @@ def recorded_path(lab: str, profile: str = "gpu") -> Path:
     return RECORDED_DIR / f"{lab}_{profile}.json"
 
 
-def load_rendered(stem: str, directory: str | Path | None = None) -> tuple[str, dict]:
+def load_rendered(stem: str, directory: str | Path | None = None, *,
+                  merge_parts: Callable[[Path], dict] | None = None) -> tuple[str, dict]:
     """(name to show, document) of the recording the book renders for a file stem (``l3_preemption_gpu``).
 
     ``<stem>.json`` when it exists, checked by :func:`load_recorded`; otherwise, for a lab recorded
-    in parts (Lab 3: :func:`servebook.lab.lab3_preemption.load_l3`), the merged parts, shown as
+    in parts, ``merge_parts(directory)``: the lab's own merger, which the caller passes (this reader
+    knows no lab; :data:`servebook.lab.analyses.rendered.PART_MERGERS` names each lab's), shown as
     ``l3_preemption_{16_48,128_256}_gpu.json``.
     ``directory`` defaults to :data:`RECORDED_DIR`. Raises :class:`LabError` when neither exists.
     """
     directory = Path(directory) if directory is not None else RECORDED_DIR
     path = directory / f"{stem}.json"
     lab = stem.removesuffix("_gpu")
-    mergers = _part_mergers()
-    if path.is_file() or lab not in mergers:
+    if path.is_file() or merge_parts is None:
         return str(path), load_recorded(path)
-    doc = mergers[lab](directory)
+    doc = merge_parts(directory)
     files = list(dict.fromkeys(doc["files"].values()))   # in the order of the points they measured
     parts = [f.removeprefix(lab + "_").removesuffix("_gpu.json") for f in files]
     return str(directory / f"{lab}_{{{','.join(parts)}}}_gpu.json"), doc
-
-
-def _part_mergers() -> dict:
-    """Labs whose sweep may be recorded in part files, and the function that merges them."""
-    from servebook.lab.lab3_preemption import load_l3
-
-    return {"l3_preemption": load_l3}
 
 
 def read_checked_document(path: str | Path, *, schema: str, required: tuple[str, ...], what: str,

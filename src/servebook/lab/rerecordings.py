@@ -3,14 +3,15 @@
 The rule: the newest run of a lab is ``labs/results/labs/<lab>_gpu.json`` (what the book renders);
 the run it replaced moves, unedited, to ``labs/results/raw/`` under the date of its run
 (:data:`PREVIOUS_RECORDINGS` names it, :func:`previous_path` finds it). :func:`recording_changes`
-compares the two on the quantities each lab's module names (``change_quantities``), after checking
-that GPU, driver, vLLM release, model config, flags and workload are the same.
+compares the two on the quantities the lab's own module names (its ``change_quantities``, which the
+caller passes: this reader knows no lab), after checking that GPU, driver, vLLM release, model config,
+flags and workload are the same.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from servebook.lab import lab2_batching, lab3_preemption, lab4_fp8_kv
 from servebook.lab.engine_stats import load_hit_pct
 from servebook.lab.errors import LabError
 from servebook.lab.table import ratio
@@ -39,10 +40,6 @@ def previous_path(lab: str) -> Path:
     return RAW_DIR / PREVIOUS_RECORDINGS[lab]
 
 
-#: The quantities :func:`recording_changes` compares, per lab (each from the lab's measurements).
-CHANGE_QUANTITIES = {"l2_paged_continuous": lab2_batching.change_quantities,
-                     "l3_preemption": lab3_preemption.change_quantities,
-                     "l4_fp8_kv": lab4_fp8_kv.change_quantities}
 #: Workload fields that budget the harness, not the load (Lab 3's per-engine time estimate, added when
 #: its sweep was split over two device calls): two recordings may differ in them.
 _HARNESS_ONLY = frozenset({"point_time_s"})
@@ -53,21 +50,21 @@ _SAME = (("GPU", lambda d: d["gpu"]["name"]), ("driver", lambda d: d["gpu"]["dri
          ("workload", lambda d: {k: v for k, v in d["measurements"]["workload"].items() if k not in _HARNESS_ONLY}))
 
 
-def recording_changes(before: dict, after: dict) -> list[dict]:
+def recording_changes(before: dict, after: dict,
+                      quantities: Callable[[dict], dict[str, float]]) -> list[dict]:
     """What changed between two recordings of one lab: one row per quantity.
 
-    Rows: ``quantity``, ``before``, ``after``, ``after/before`` (None when ``before`` is 0 or
-    None), plus a first row with the highest prefix-cache hit rate of each (%, see
-    :func:`load_hit_pct`; its ``how`` says where it was read). Raises :class:`LabError` when the
-    two are of different labs, when the lab has no quantities here (:data:`CHANGE_QUANTITIES`), or
-    when GPU, driver, vLLM release, model config, flags or workload differ (then the difference is
-    not the prompts' alone).
+    ``quantities`` is the lab's own ``change_quantities`` (its module's: Lab 3's
+    :func:`servebook.lab.analyses.lab3_preemption.change_quantities`), called on each recording's
+    ``measurements``; it returns the compared quantities by name. Rows: ``quantity``, ``before``,
+    ``after``, ``after/before`` (None when ``before`` is 0 or None), plus a first row with the highest
+    prefix-cache hit rate of each (%, see :func:`load_hit_pct`; its ``how`` says where it was read).
+    Raises :class:`LabError` when the two are of different labs, or when GPU, driver, vLLM release,
+    model config, flags or workload differ (then the difference is not the prompts' alone).
     """
     lab = after["lab"]
     if before["lab"] != lab:
         raise LabError(f"cannot compare a recording of {before['lab']!r} with one of {lab!r}")
-    if lab not in CHANGE_QUANTITIES:
-        raise LabError(f"no quantities to compare for {lab!r}; known: {', '.join(CHANGE_QUANTITIES)}")
     differ = [name for name, get in _SAME if get(before) != get(after)]
     if differ:
         raise LabError(f"the two recordings of {lab} differ in {', '.join(differ)}: their numbers are not "
@@ -75,7 +72,7 @@ def recording_changes(before: dict, after: dict) -> list[dict]:
     (hit_b, how_b), (hit_a, how_a) = load_hit_pct(before), load_hit_pct(after)
     rows = [{"quantity": "highest prefix-cache hit rate of a load, %", "before": hit_b, "after": hit_a,
              "after/before": None, "how": f"{how_b} / {how_a}"}]
-    qb, qa = CHANGE_QUANTITIES[lab](before["measurements"]), CHANGE_QUANTITIES[lab](after["measurements"])
+    qb, qa = quantities(before["measurements"]), quantities(after["measurements"])
     for name, b in qb.items():
         a = qa.get(name)
         rows.append({"quantity": name, "before": b, "after": a, "after/before": ratio(a, b), "how": ""})
