@@ -7,7 +7,8 @@ concept:
     model_spec    what a model is, as the calculators see it (dataclasses)
     hf_config     config.json -> ModelSpec, with parameter counts
     hardware      the GPU catalogue (data/gpus.toml)
-    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
+    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation),
+                  and the vLLM releases described (release: PINNED_VLLM, GPU_LAB_VLLM)
     kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them (the logged
                   admission bound) and the requests that run at once (running_concurrency)
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
@@ -18,16 +19,19 @@ concept:
     perf          step-time model (prefill, decode, speculation, fleet plans)
     draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
     simulator     discrete-event model of vLLM's scheduler
-    lab           harness that starts real engines for the GPU labs
+    lab/          the GPU labs: harness (real engines, measuring), recordings (reading results back),
+                  analyses (one module per lab), e2e (the fleet model against real jobs)
     drills/       interview drills: model, exhibits, grading, rendering, calls
     reductions    sums, means, percentiles of floats with numpy's digits, without numpy (numpy is optional)
     records       where recorded lab results are (the one module that knows labs/results)
     figures       the chapter pages' figures, drawn at page width from data the page loaded
+    figure_style  a page figure's style (width, 10-point text), shared by figures and the labs' plots
     shipped       paths of the data shipped in the package
     commands/     the ``servebook`` CLI, one file per sub-command
 
 Import rule: ``commands`` (the CLI) imports the library; the library never
-imports ``commands``.
+imports ``commands``, nor this package face; each layer imports only the layers below it
+(tests/test_layout.py holds the order).
 """
 # The public face, re-exported from the modules that hold each name. No module of the library
 # imports this face (tests/test_layout.py): each imports the module that holds the name.

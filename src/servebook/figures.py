@@ -133,12 +133,12 @@ def plot_roofline_steps(spec, gpu, prefill: list[dict], decode: list[dict]):
 def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None, knee_budget: int | None = None):
     """Lab 5: long prompt's TTFT against the decodes' worst inter-token gap, one point per budget.
 
-    ``rows`` from :func:`servebook.lab.lab5_chunked_prefill.l5_table`; measured points labelled with their
+    ``rows`` from :func:`servebook.lab.analyses.lab5_chunked_prefill.l5_table`; measured points labelled with their
     ``--max-num-batched-tokens``, the calibrated model's prediction dashed, and ``target_ms`` (the
     procedure's gap target) as a horizontal line when given, and the chunked row of ``knee_budget``
     (the measured knee) ringed when given. Gap on a log scale. Returns the figure.
     """
-    from servebook.lab.lab5_chunked_prefill import draw_tradeoff
+    from servebook.lab.analyses.lab5_chunked_prefill import draw_tradeoff
 
     with page_style():
         fig, ax = page_axes()
@@ -165,13 +165,13 @@ def plot_tp_vs_dp(view: dict, spec):
     """Lab 9, one model: KV tokens per replica, one request's time per token, and output tokens/s
     with the whole load at once, for each configuration (TP=1, DP=2, TP=2...).
 
-    ``view`` from :func:`servebook.lab.lab9_parallel.load_l9`, ``spec`` the model's spec. Measured
+    ``view`` from :func:`servebook.lab.analyses.lab9_parallel.load_l9`, ``spec`` the model's spec. Measured
     bars beside the prediction (left, middle); on the right the tokens/s the clients received
     beside the tokens/s the engines emitted. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
-    from servebook.lab.lab9_parallel import capacity_rows, saturation_rows, single_stream_rows
+    from servebook.lab.analyses.lab9_parallel import capacity_rows, saturation_rows, single_stream_rows
 
     cap, single, sat = capacity_rows(view, spec), single_stream_rows(view, spec), saturation_rows(view)
     names = [r["config"] for r in cap]
