@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from servebook.lab.e2e_analysis import fitted_models, in_scope, job_rows, summary
+from servebook.lab.e2e.analysis import fitted_models, in_scope, job_rows, summary
 from servebook.records import e2e_results
 
 

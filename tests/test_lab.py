@@ -30,7 +30,7 @@ import pytest
 from jupyter_client import BlockingKernelClient
 from processes import alive, group_alive
 
-from servebook.lab.server import free_port
+from servebook.lab.harness.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/kv_per_token.md"

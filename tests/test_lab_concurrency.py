@@ -1,4 +1,4 @@
-"""servebook.lab.concurrency.peak_concurrency: the most requests running at one instant."""
+"""servebook.lab.harness.concurrency.peak_concurrency: the most requests running at one instant."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 
 from servebook.errors import ServebookError
-from servebook.lab.concurrency import peak_concurrency
+from servebook.lab.harness.concurrency import peak_concurrency
 
 
 def _peak_by_probing(intervals):

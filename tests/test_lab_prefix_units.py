@@ -1,4 +1,4 @@
-"""servebook.lab.prefix: the workload builder and the prefix-cache hit rule, on hand-worked cases.
+"""servebook.lab.harness.prefix: the workload builder and the prefix-cache hit rule, on hand-worked cases.
 
 No engine: every expected value is worked out by hand in the comments from vLLM 0.27.1's rule
 (full blocks only, chained hashes, lookup capped at prompt - 1 tokens, LRU free queue with
@@ -11,8 +11,8 @@ import itertools
 import pytest
 
 from servebook.lab.errors import LabError
-from servebook.lab.prefix import (PrefixWorkload, block_keys, build_prompts, offline_requests,
-                                  predict_prefix_cache, shared_prefix_hit_tokens)
+from servebook.lab.harness.prefix import (PrefixWorkload, block_keys, build_prompts, offline_requests,
+                                          predict_prefix_cache, shared_prefix_hit_tokens)
 
 
 # ------------------------------------------------------------------------------------ workload

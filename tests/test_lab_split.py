@@ -1,4 +1,4 @@
-"""A lab's sweep split over two device calls (servebook.lab.split, recorded.load_l3), without an engine.
+"""A lab's sweep split over two device calls (servebook.lab.harness.split, recorded.load_l3), without an engine.
 
 The point-selection variable is parsed against the lab's own values; a sweep saves after every
 point and records what the runner's deadline made it skip; Lab 3's recorded file, cut into two
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from servebook.lab.lab3_preemption import l3_table, load_l3
-from servebook.lab.recorded import load_recorded
-from servebook.lab.deadline import ENV as DEADLINE
+from servebook.lab.analyses.lab3_preemption import l3_table, load_l3
+from servebook.lab.recordings.recorded import load_recorded
+from servebook.lab.harness.deadline import ENV as DEADLINE
 from servebook.lab.errors import LabError
-from servebook.lab.split import part_name, part_paths, selected, sweep
+from servebook.lab.harness.split import part_name, part_paths, selected, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 # Lab 3's first GPU run, one file for the whole sweep (replaced by two part files, kept in raw/).

@@ -1,4 +1,4 @@
-"""servebook.lab.token_load against a fake streaming server (standard library, no engine).
+"""servebook.lab.harness.token_load against a fake streaming server (standard library, no engine).
 
 The fake answers ``/v1/completions`` like vLLM with ``stream`` and ``return_token_ids``: it waits
 ``FIRST_S`` before the first chunk, then streams one token id per chunk ``GAP_S`` apart, then a
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from servebook.lab.errors import LabError
-from servebook.lab.token_load import stream_token_prompts
+from servebook.lab.harness.token_load import stream_token_prompts
 
 FIRST_S, GAP_S = 0.20, 0.05
 

@@ -7,15 +7,20 @@
 - No notebook code line is wider than the page (88 characters).
 - No cell a notebook's reader sees holds an ``assert`` (checks live in tests/test_notebook_claims.py).
 - Only ``servebook.records`` names the repository layout inside the library.
-- Every name ``servebook.__all__`` lists is importable from ``servebook``.
+- Every name ``servebook.__all__`` lists is importable from ``servebook``, and pages import it from there.
+- Layers: every module of the library imports only modules of lower layers (or of its own group); no
+  module imports the package face ``servebook`` but the CLI (:data:`LAYERS`).
 """
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
 import pytest
+
+import servebook
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "servebook"
@@ -52,10 +57,133 @@ def test_the_import_check_sees_lazy_imports(tmp_path):
     assert "servebook.commands.plan" in _imported_modules(f)
 
 
+# ---- layers: a module imports only the layers below its own ------------------------------------------
+#: The library's layers, lowest first. A layer holds one or more groups, each named by module prefixes
+#: (a prefix names the module and everything below it; the longest prefix wins). A module may import a
+#: module of a lower layer or of its own group: never one of a higher layer, nor of another group of its
+#: own layer (peers stay independent: a lab's analysis never imports the end-to-end validation). The
+#: package face (``servebook/__init__``) sits under the CLI alone: no module of the library imports it.
+LAYERS: list[dict[str, tuple[str, ...]]] = [
+    {"foundations": ("servebook.errors", "servebook.model_spec", "servebook._version", "servebook.vllm_rules",
+                     "servebook.reductions", "servebook.hardware", "servebook.shipped", "servebook.provenance",
+                     "servebook.cpu_features", "servebook.figure_style")},
+    {"model inputs": ("servebook.hf_config", "servebook.kv_cache", "servebook.memory", "servebook.memory_fit",
+                      "servebook.startup_log", "servebook.records", "servebook.engine_env", "servebook.tiny_model")},
+    # the deployment every model prices (issue 35): below them all
+    {"plan": ("servebook.plan",)},
+    {"perf": ("servebook.perf",), "batch": ("servebook.batch",)},
+    {"simulator": ("servebook.simulator",), "draft": ("servebook.draft",)},
+    {"lab harness": ("servebook.lab", "servebook.lab.errors", "servebook.lab.harness")},
+    {"lab recordings": ("servebook.lab.recordings",)},
+    {"lab analyses": ("servebook.lab.analyses",), "lab e2e": ("servebook.lab.e2e",)},
+    {"figures": ("servebook.figures",), "drills": ("servebook.drills",), "live": ("servebook.live",)},
+    {"package face": ("servebook",)},
+    {"CLI": ("servebook.commands", "servebook.cli", "servebook.__main__")},
+]
+#: Packages whose ``__init__`` is placed by its own name only (their submodules each have a group).
+_EXACT = {"servebook", "servebook.lab"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _place(module: str) -> tuple[int, str] | None:
+    """(layer index, group) of a module name (or of ``module.attribute``), None when no group names it."""
+    best = None
+    for layer, groups in enumerate(LAYERS):
+        for group, prefixes in groups.items():
+            for prefix in prefixes:
+                hit = module == prefix or (prefix not in _EXACT and module.startswith(prefix + "."))
+                if hit and (best is None or len(prefix) > best[0]):
+                    best = (len(prefix), layer, group)
+    return None if best is None else best[1:]
+
+
+def _layer_violations(module: str, imported: set[str]) -> list[str]:
+    """Imports of ``module`` that reach a higher layer or a peer group: ``"name (layer group)"`` each."""
+    layer, group = _place(module)
+    found = []
+    for name in sorted(imported):
+        if name != "servebook" and not name.startswith("servebook."):
+            continue
+        # ``from servebook.x import y`` names servebook.x and servebook.x.y: judge the module itself
+        target = _place(name)
+        if target is None or target == (layer, group) or target[0] < layer:
+            continue
+        found.append(f"{name} ({target[1]})")
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _imports_by_module() -> dict[str, set[str]]:
+    """Every library module (the CLI too) and the servebook modules it imports, at any depth.
+
+    ``from servebook.x import y`` counts as an import of ``servebook.x`` only when ``y`` is not a module:
+    its ``servebook.x.y`` name is kept only when that is a module of the package.
+    """
+    files = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    out = {}
+    for module, path in files.items():
+        names = set()
+        for name in _imported_modules(path):
+            parent = name.rsplit(".", 1)[0]
+            if name in files or parent not in files or name == parent:
+                names.add(name)
+            else:
+                names.add(parent)     # an attribute of a module: the module
+        out[module] = names
+    return out
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in _imports_by_module() if _place(m) is None]
+    assert not unplaced, f"{unplaced}: place each new module in a group of LAYERS (tests/test_layout.py)"
+
+
+@pytest.mark.parametrize("module", sorted(_imports_by_module()), ids=str)
+def test_modules_import_only_lower_layers(module):
+    found = _layer_violations(module, _imports_by_module()[module])
+    layer, group = _place(module)
+    assert not found, (f"{module} ({group}) imports {found}: a higher layer or a peer. Move the shared code down "
+                       "(or have the caller pass what the lower module needs); see LAYERS in tests/test_layout.py")
+
+
+def test_no_library_module_imports_the_package_face():
+    """``from servebook import X`` inside the package runs the face, which imports the library: a circle."""
+    cli = {m for m in _imports_by_module() if _place(m)[1] == "CLI"}
+    found = sorted(m for m, names in _imports_by_module().items() if m not in cli and "servebook" in names)
+    assert not found, f"{found} import the package face; import the module that holds the name"
+
+
+@pytest.mark.parametrize("module, imports, bad", [
+    ("servebook.lab.recordings.recorded", {"servebook.lab.analyses.lab3_preemption"}, True),   # generic knows a lab
+    ("servebook.lab.analyses.lab3_preemption", {"servebook.figures"}, True),                    # lab -> figures
+    ("servebook.plan", {"servebook"}, True),                                                    # the face
+    ("servebook.perf.model", {"servebook.simulator.run"}, True),                                 # perf -> simulator
+    ("servebook.lab.e2e.analysis", {"servebook.lab.analyses.lab9_parallel"}, True),             # peers
+    ("servebook.lab.analyses.lab3_preemption", {"servebook.lab.recordings.recorded", "servebook.figure_style",
+                                                "servebook.lab.analyses.lab3_preemption"}, False),
+    ("servebook.figures", {"servebook.lab.analyses.lab5_chunked_prefill", "servebook.perf"}, False),
+    ("servebook.commands.plan", {"servebook", "servebook.plan"}, False),
+])
+def test_the_layer_check_fails_an_upward_import(module, imports, bad):
+    assert bool(_layer_violations(module, imports)) is bad
+
+
+def test_the_layer_check_sees_imports_inside_functions(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from servebook.figures import page_axes\n    return page_axes\n")
+    assert _layer_violations("servebook.lab.analyses.lab3_preemption", _imported_modules(f))
+
+
 # ---- pages and notebooks: the public face, and no repository paths --------------------------------------
 # A page runs in its own folder (book/, notebooks/, labs/) at build time; what it reads comes from the
 # library: servebook.records for recorded lab results, servebook.shipped for the data the package ships.
 
+#: The names the package face lists (``servebook.__all__``): pages import them from ``servebook``.
+_PUBLIC_NAMES = frozenset(servebook.__all__)
 PAGES = sorted((ROOT / "book").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.md")) \
     + sorted((ROOT / "labs").glob("*.md"))
 _CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
@@ -93,6 +221,11 @@ def _page_violations(text: str, name: str = "page") -> list[str]:
                     found.append(f"{where(node)}: imports servebook.commands (import from servebook)")
                 if any(a.name == "REPO_ROOT" for a in node.names):
                     found.append(f"{where(node)}: imports REPO_ROOT (ask servebook.records)")
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servebook."):
+                    public = sorted(a.name for a in node.names if a.name in _PUBLIC_NAMES)
+                    if public:
+                        found.append(f"{where(node)}: imports {', '.join(public)} from {node.module} "
+                                     "(a public name: import it from servebook)")
             elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
                     and node.value.attr == "parents":
                 found.append(f"{where(node)}: .parents[...] (a hand-made repository root)")
@@ -149,6 +282,9 @@ rec = read_json("step_timing", "qwen3-32b.json")
     "fixtures = Path('..') / 'tests' / 'fixtures' / 'startup_logs'",
     "claims = Path('../src/servebook/data/vllm_claims.toml')",
     "def f():\n    from servebook.commands import plan",
+    "from servebook.plan import make_plan",
+    "from servebook.perf import decode_step, prefill_step",
+    "from servebook.vllm_rules import PINNED_VLLM",
 ])
 def test_the_page_check_fails_a_page_that_reads_the_repository(bad):
     """A clean page passes; the same page with one bad line in a code cell fails, on that line."""

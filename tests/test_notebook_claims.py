@@ -20,8 +20,8 @@ from servebook.errors import ServebookError
 from servebook.hardware import get_gpu
 from servebook.hf_config import load_model_spec
 from servebook.kv_cache import capacity, kv_cache_layout, min_kv_bytes_for_one_request
-from servebook.lab.lab5_chunked_prefill import l5_table
-from servebook.lab.recorded import load_recorded, recorded_path
+from servebook.lab.analyses.lab5_chunked_prefill import l5_table
+from servebook.lab.recordings.recorded import load_recorded, recorded_path
 from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     memory_budget,

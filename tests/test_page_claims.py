@@ -166,9 +166,9 @@ def test_6_3_every_step_of_the_recorded_vllm_cpu_trace_agrees_and_it_preempts():
 
 
 def test_6_3_lab_2_on_an_h200_distinct_prompts_a_multiple_and_padded_slots():
-    from servebook.lab.engine_stats import bench_prefix_caches
-    from servebook.lab.lab2_batching import l2_summary
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.recordings.engine_stats import bench_prefix_caches
+    from servebook.lab.analyses.lab2_batching import l2_summary
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l2_paged_continuous"), lab="l2_paged_continuous")
     assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
@@ -309,9 +309,9 @@ def test_6_6_every_hundredth_of_utilisation_goes_to_the_kv_cache():
 
 @pytest.fixture(scope="module")
 def lab1_and_lab4():
-    from servebook.lab.lab1_memory import l1_table
-    from servebook.lab.lab4_fp8_kv import l4_table
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.analyses.lab1_memory import l1_table
+    from servebook.lab.analyses.lab4_fp8_kv import l4_table
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     l1 = load_recorded(recorded_path("l1_memory_budget"), lab="l1_memory_budget")
     l4 = load_recorded(recorded_path("l4_fp8_kv"), lab="l4_fp8_kv")
@@ -384,8 +384,8 @@ def test_6_7_doubling_the_context_does_not_halve_a_hybrid_model_but_halves_a_den
 
 
 def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound():
-    from servebook.lab.e2e_analysis import find_job_record
-    from servebook.lab.running_peak import running_peak
+    from servebook.lab.e2e.analysis import find_job_record
+    from servebook.lab.e2e.running_peak import running_peak
     from servebook.records import e2e_results
 
     g = find_job_record(e2e_results(), "gemma-3-27b", "peak-6000-96")
@@ -427,13 +427,13 @@ def test_6_8_the_recorded_fp8_start_up_is_what_servebook_predicts():
 
 @pytest.fixture(scope="module")
 def lab4():
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     return load_recorded(recorded_path("l4_fp8_kv"), lab="l4_fp8_kv")
 
 
 def test_6_8_lab_4_distinct_prompts_on_one_h200(lab4):
-    from servebook.lab.engine_stats import bench_prefix_caches
+    from servebook.lab.recordings.engine_stats import bench_prefix_caches
 
     assert (lab4["vllm_version"], lab4["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), \
         "6.8 'Lab 4 ... one NVIDIA H200, vLLM 0.26.0'"
@@ -444,7 +444,7 @@ def test_6_8_lab_4_distinct_prompts_on_one_h200(lab4):
 
 
 def test_6_8_lab_4_fp8_doubled_the_pool_preempted_less_and_served_more(lab4):
-    from servebook.lab.lab4_fp8_kv import l4_ratios
+    from servebook.lab.analyses.lab4_fp8_kv import l4_ratios
 
     w, e = lab4["measurements"]["workload"], lab4["measurements"]["engines"]
     tok_ratio, tput_ratio = l4_ratios(w["kv_dtypes"], e)
@@ -457,7 +457,7 @@ def test_6_8_lab_4_fp8_doubled_the_pool_preempted_less_and_served_more(lab4):
 
 
 def test_6_8_lab_4_each_request_got_its_tokens_more_slowly_with_more_running(lab4):
-    from servebook.lab.engine_stats import logged_max_running
+    from servebook.lab.recordings.engine_stats import logged_max_running
 
     e = lab4["measurements"]["engines"]
     assert e["fp8"]["bench"]["summary"]["mean_tpot_ms"] > e["auto"]["bench"]["summary"]["mean_tpot_ms"], \
@@ -526,8 +526,8 @@ def test_6_9_simulated_sweep_twice_the_ceiling_is_clean_four_times_is_fastest():
 
 
 def test_6_9_lab_3_the_preemption_knee_lies_between_the_clean_cap_and_the_first_preempting_one():
-    from servebook.lab.engine_stats import bench_prefix_caches
-    from servebook.lab.lab3_preemption import first_preempting, load_l3, preemption_knee
+    from servebook.lab.recordings.engine_stats import bench_prefix_caches
+    from servebook.lab.analyses.lab3_preemption import first_preempting, load_l3, preemption_knee
 
     doc = load_l3()
     assert (doc["vllm_version"], doc["gpu"]["name"]) == ("0.26.0", "NVIDIA H200"), "6.9 'one NVIDIA H200, vLLM 0.26.0'"
@@ -619,8 +619,8 @@ def test_6_11_the_recommended_budget_keeps_the_target_and_the_default_trades_lat
 
 @pytest.fixture(scope="module")
 def lab5():
-    from servebook.lab.lab5_chunked_prefill import l5_table
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.analyses.lab5_chunked_prefill import l5_table
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l5_chunked_prefill"), lab="l5_chunked_prefill")
     rows = l5_table(doc["measurements"])
@@ -681,8 +681,8 @@ def test_6_12_a_partly_filled_last_block_is_never_shared():
 
 @pytest.fixture(scope="module")
 def lab6():
-    from servebook.lab.lab6_prefix_caching import l6_offline_table, l6_serving_table
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.analyses.lab6_prefix_caching import l6_offline_table, l6_serving_table
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     doc = load_recorded(recorded_path("l6_prefix_caching"), lab="l6_prefix_caching")
     serve = l6_serving_table(doc["measurements"])
@@ -777,7 +777,7 @@ def test_6_14_the_all_reduce_term_was_calibrated_on_two_h200s_over_nvlink():
 
 @pytest.fixture(scope="module")
 def lab9():
-    from servebook.lab.lab9_parallel import capacity_rows, load_l9, saturation_rows, single_stream_rows
+    from servebook.lab.analyses.lab9_parallel import capacity_rows, load_l9, saturation_rows, single_stream_rows
 
     dense, moe = load_l9("qwen3-32b"), load_l9("qwen3-30b-a3b")
     q32, q30 = load_model_spec("qwen3-32b"), load_model_spec("qwen3-30b-a3b")
@@ -850,7 +850,7 @@ def test_6_15_the_recorded_moe_lead_is_large_at_batch_1_and_narrows():
 
 
 def test_6_15_lab_9_expert_parallelism_emitted_more_than_plain_tp2():
-    from servebook.lab.lab9_parallel import load_l9, saturation_rows
+    from servebook.lab.analyses.lab9_parallel import load_l9, saturation_rows
 
     l9 = load_l9("qwen3-30b-a3b")
     assert l9["doc"]["vllm_version"] == "0.26.0" and l9["doc"]["gpu"]["count"] == 2, \
@@ -894,7 +894,7 @@ def test_6_16_the_moe_pays_most_at_small_batches():
 
 @pytest.fixture(scope="module")
 def lab7():
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     return load_recorded(recorded_path("l7_speculative"), lab="l7_speculative")
 
@@ -910,7 +910,7 @@ def test_6_16_lab_7_acceptance_was_real_and_greedy_output_unchanged(lab7):
 
 
 def test_6_16_lab_7_every_config_was_slower_than_plain_decoding_where_the_model_predicted_faster(lab7):
-    from servebook.lab.lab7_speculative import speedup_rows
+    from servebook.lab.analyses.lab7_speculative import speedup_rows
 
     rows = speedup_rows(lab7["measurements"])
     assert {1, 64} <= {r["batch"] for r in rows}, "6.16 'at batch 1 as at 64'"
@@ -919,7 +919,7 @@ def test_6_16_lab_7_every_config_was_slower_than_plain_decoding_where_the_model_
 
 
 def test_6_16_lab_7_the_small_targets_step_is_fixed_cost_the_31bs_is_the_weight_read(lab7):
-    from servebook.lab.lab7_speculative import step_rows, weight_read_ms
+    from servebook.lab.analyses.lab7_speculative import step_rows, weight_read_ms
 
     m = lab7["measurements"]
     steps = {(r["config"], r["batch"]): r for r in step_rows(m["engines"], m["workload"]["max_tokens"])}
@@ -1218,7 +1218,7 @@ def test_6_22_the_link_efficiency_is_fitted_at_one_tp_size():
 
 
 def test_6_22_whole_jobs_ran_slower_than_fleet_promised():
-    from servebook.lab.e2e_analysis import fitted_models, job_rows, summary
+    from servebook.lab.e2e.analysis import fitted_models, job_rows, summary
     from servebook.records import e2e_results
 
     held = [r for d in e2e_results() for r in job_rows(d, fitted=fitted_models(), detail=False) if r["group"] == "held out"]
@@ -1255,7 +1255,7 @@ def test_6_23_the_driver_keeps_groups_together_shortest_first():
 
 @pytest.fixture(scope="module")
 def lab8():
-    from servebook.lab.lab8_batch_tactics import load_tactics, recorded_tactics_path
+    from servebook.lab.analyses.lab8_batch_tactics import load_tactics, recorded_tactics_path
 
     return load_tactics(recorded_tactics_path())
 
@@ -1268,7 +1268,7 @@ def test_6_23_lab_8_one_run_per_case_on_one_h200(lab8):
 
 
 def test_6_23_lab_8_no_tactic_moved_throughput_by_more_than_a_few_percent(lab8):
-    from servebook.lab.lab8_batch_tactics import tactic_ratios, tactics_rows
+    from servebook.lab.analyses.lab8_batch_tactics import tactic_ratios, tactics_rows
 
     tps = [r["out tok/s"] for r in tactics_rows(lab8)]
     assert max(tps) / min(tps) < 1.05, "6.23 'Every case ran within N% of the others' (under 5%)"
@@ -1288,8 +1288,8 @@ def test_6_23_lab_8_the_server_and_llm_cases_had_the_same_step_budget(lab8):
 
 
 def test_6_23_lab_8_every_order_hit_the_whole_prefixes_and_the_pool_held_them_many_times(lab8):
-    from servebook.lab.lab8_batch_tactics import max_prefix_hit_tokens
-    from servebook.lab.recorded import load_recorded, recorded_path
+    from servebook.lab.analyses.lab8_batch_tactics import max_prefix_hit_tokens
+    from servebook.lab.recordings.recorded import load_recorded, recorded_path
 
     runs = [c["runs"][0] for c in lab8["cases"] if c["name"] != "http-server"]
     hits = {r["prefix_cache_hit_tokens"] for r in runs}
@@ -1447,7 +1447,7 @@ def test_appendix_the_drafts_tokens_per_step_need_the_acceptance_it_quotes():
 def test_6_13_piecewise_and_eager_steps_cost_more_than_the_full_graph_and_eager_is_flat():
     """6.13: "A decode-only step took X ms. ... piecewise graphs: Y ms ... no graph at all: Z ms, whatever the
     size up to about 2,000 tokens": X < Y < Z with clear gaps, and the eager steps' median is flat in size."""
-    from servebook.lab.e2e_analysis import graph_regime_medians
+    from servebook.lab.e2e.analysis import graph_regime_medians
     from servebook.records import e2e_results
     from servebook.vllm_rules import cudagraph_max_tokens
 

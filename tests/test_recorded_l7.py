@@ -1,5 +1,5 @@
 """Lab 7 as recorded on one H200 (labs/results/labs/l7_speculative_gpu.json): the tables and plot
-of servebook.lab.lab7_speculative agree with numbers recomputed here by hand from the raw points
+of servebook.lab.analyses.lab7_speculative agree with numbers recomputed here by hand from the raw points
 (labs/results_l7.md renders them; the lab page links it instead of quoting numbers).
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from servebook.lab import LabError  # noqa: E402
-from servebook.lab import lab7_speculative as S  # noqa: E402
-from servebook.lab.recorded import load_recorded, provenance, recorded_path  # noqa: E402
+from servebook.lab.harness import LabError  # noqa: E402
+from servebook.lab.analyses import lab7_speculative as S  # noqa: E402
+from servebook.lab.recordings.recorded import load_recorded, provenance, recorded_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "labs" / "results" / "labs" / "l7_speculative_gpu.json"

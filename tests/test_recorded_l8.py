@@ -1,5 +1,5 @@
 """Lab 8's recorded GPU run (labs/results/batch_tactics/l8-gpu-*.json): the loader checks schema and
-provenance, the table, speed-ups and plot the book renders (servebook.lab.lab8_batch_tactics) agree
+provenance, the table, speed-ups and plot the book renders (servebook.lab.analyses.lab8_batch_tactics) agree
 with numbers recomputed here by hand from the raw runs, the common writer's file reads back the
 same, and the HTTP case reports the server's own error when ``vllm serve`` exits at once.
 """
@@ -17,7 +17,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from servebook.lab import lab8_batch_tactics as T  # noqa: E402
+from servebook.lab.analyses import lab8_batch_tactics as T  # noqa: E402
 from servebook.lab.errors import EngineStartError, LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,12 +111,12 @@ def test_plot_is_labelled_with_units_and_the_release():
         plt.close(fig)
 
 
-# ---- the common writer and reader (servebook.lab.save_result, schema servebook.lab/1) ---------
+# ---- the common writer and reader (servebook.lab.harness.save_result, schema servebook.lab/1) ---------
 
 def _save_as_the_lab_would(tmp_path, monkeypatch, doc):
     """save_tactics on a recorded document, with the engine's provenance that run reported (no engine)."""
-    from servebook.lab import results
-    from servebook.lab.profiles import Profile
+    from servebook.lab.harness import results
+    from servebook.lab.harness.profiles import Profile
 
     monkeypatch.setenv("SERVEBOOK_LAB_RESULTS", str(tmp_path))
     monkeypatch.setattr(results, "engine_provenance", lambda env=None: {"gpu": doc["gpu"],
@@ -141,7 +141,7 @@ def test_a_file_of_the_common_writer_reads_back_as_the_recorded_one(tmp_path, mo
 
 
 def test_the_common_writers_file_is_the_one_rendered_once_it_exists(tmp_path, monkeypatch):
-    from servebook.lab import recorded
+    from servebook.lab.recordings import recorded
 
     monkeypatch.setattr(recorded, "RECORDED_DIR", tmp_path)
     assert T.recorded_tactics_path() == RECORDED                   # only the 2026-11-30 file so far
@@ -150,7 +150,7 @@ def test_the_common_writers_file_is_the_one_rendered_once_it_exists(tmp_path, mo
 
 
 def test_common_writer_file_without_cases_or_of_another_model_is_refused(tmp_path, monkeypatch):
-    from servebook.lab.profiles import Profile
+    from servebook.lab.harness.profiles import Profile
 
     path = _save_as_the_lab_would(tmp_path, monkeypatch, raw())
     saved = json.loads(path.read_text())
@@ -164,7 +164,7 @@ def test_common_writer_file_without_cases_or_of_another_model_is_refused(tmp_pat
 
 
 def test_settings_come_from_the_shared_profile_table():
-    from servebook.lab.profiles import LAB_PARAMS
+    from servebook.lab.harness.profiles import LAB_PARAMS
 
     for name, settings in T.PROFILES.items():
         params = LAB_PARAMS[name]["l8"]
@@ -238,7 +238,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 
 
 def test_server_that_exits_at_once_reports_its_own_error_and_a_hint(tmp_path):
-    from servebook.lab import lab8_batch_tactics as tactics
+    from servebook.lab.analyses import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'vllm'\" >&2; exit 1")
     with pytest.raises(EngineStartError) as info:
@@ -249,7 +249,7 @@ def test_server_that_exits_at_once_reports_its_own_error_and_a_hint(tmp_path):
 
 
 def test_other_early_exits_get_the_generic_hint(tmp_path):
-    from servebook.lab import lab8_batch_tactics as tactics
+    from servebook.lab.analyses import lab8_batch_tactics as tactics
 
     fake = _fake_python(tmp_path, "echo 'ValueError: max_num_batched_tokens too small'; exit 3")
     with pytest.raises(EngineStartError, match="(?s)exited with status 3.*ValueError: max_num_batched_tokens") as info:
@@ -259,7 +259,7 @@ def test_other_early_exits_get_the_generic_hint(tmp_path):
 
 def test_server_that_never_answers_is_stopped_with_its_children(tmp_path):
     """A server that stays up but never answers /health: the timeout error, and no process left behind."""
-    from servebook.lab import lab8_batch_tactics as tactics
+    from servebook.lab.analyses import lab8_batch_tactics as tactics
 
     pidfile = tmp_path / "child.pid"
     fake = _fake_python(tmp_path, f"sleep 300 & echo $! > {pidfile}; wait")
@@ -285,7 +285,7 @@ def _gone(pid: int, within_s: float = 5) -> bool:
 
 
 def test_cli_prints_the_hint_last_and_exits_1(tmp_path, monkeypatch, capsys):
-    from servebook.lab import lab8_batch_tactics as tactics
+    from servebook.lab.analyses import lab8_batch_tactics as tactics
 
     def fail(*_a, **_k):
         raise EngineStartError("vllm serve exited with code 1 ...\nNo module named 'vllm'", hint="prepend to it")
@@ -312,7 +312,7 @@ def test_runner_l8_target_runs_the_notebook_with_results_in_out(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "labs" / "tools" / "run_labs_gpu.sh"), "l8"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (out / "argv").read_text().split() == ["-m", "servebook.lab.run_notebook",
+    assert (out / "argv").read_text().split() == ["-m", "servebook.lab.harness.run_notebook",
                                                   str(ROOT / "labs" / "l8_batch_tactics.md")]
     assert (out / "pythonpath").read_text().strip() == f"{ROOT / 'src'}:/opt/vllm-site"
     assert f"result: {out}/l8_batch_tactics_gpu.json" in proc.stdout

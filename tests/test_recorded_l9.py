@@ -17,7 +17,7 @@ import pytest
 matplotlib.use("Agg")
 
 from servebook.hf_config import load_model_spec  # noqa: E402
-from servebook.lab import lab9_parallel as R  # noqa: E402
+from servebook.lab.analyses import lab9_parallel as R  # noqa: E402
 from servebook.lab.errors import LabError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

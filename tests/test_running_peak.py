@@ -10,7 +10,7 @@ import json
 import pytest
 
 from servebook.errors import ServebookError
-from servebook.lab.running_peak import running_peak
+from servebook.lab.e2e.running_peak import running_peak
 from servebook.records import results_path
 
 GEMMA = results_path("e2e", "e2e_gemma-3-27b.json")

@@ -7,9 +7,9 @@ import pytest
 
 from servebook.errors import ServebookError
 from servebook.hf_config import load_model_spec
-from servebook.lab.profiles import LAB_PARAMS
-from servebook.lab.lab7_speculative import acceptance_summary, summed_counters, tokens_per_sequence_step
-from servebook.lab.lab7_train_pair import check_sizes, corpus_files, llama_config, parameter_count, read_text
+from servebook.lab.harness.profiles import LAB_PARAMS
+from servebook.lab.analyses.lab7_speculative import acceptance_summary, summed_counters, tokens_per_sequence_step
+from servebook.lab.analyses.lab7_train_pair import check_sizes, corpus_files, llama_config, parameter_count, read_text
 
 TINY = {"hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
         "intermediate_size": 8}

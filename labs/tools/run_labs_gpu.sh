@@ -67,7 +67,7 @@
 # refuses to merge the two: copy them beside the old ones only with the book change that reads them.
 # Start-up and bench times with 6+6 processes are not measured yet: the first run says whether the
 # 540 s budget still holds TP=1 and DP=2.
-# End-to-end jobs (issue 20; servebook.lab.e2e_job, plan in src/servebook/data/e2e_jobs.toml): install
+# End-to-end jobs (issue 20; servebook.lab.e2e.job, plan in src/servebook/data/e2e_jobs.toml): install
 # vLLM 0.26.0 WITH the MoE payload (step 3 of shared/gpu/README.md: qwen3-30b-a3b, deepseek-v2-lite and
 # gpt-oss-20b need it), then one `run` call per target, each at once after the previous one:
 #
@@ -178,8 +178,8 @@ print("python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch
       "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-",
       "| MoE kernels:", moe)
 PY
-  "$PY" -m servebook.lab.e2e_job check --target e2e-a && for t in e2e-b e2e-c e2e-gemma; do
-    "$PY" -m servebook.lab.e2e_job plan --target "$t" || return 1; done
+  "$PY" -m servebook.lab.e2e.job check --target e2e-a && for t in e2e-b e2e-c e2e-gemma; do
+    "$PY" -m servebook.lab.e2e.job plan --target "$t" || return 1; done
 }
 
 run_e2e() {
@@ -188,7 +188,7 @@ run_e2e() {
   echo "=== $key (end-to-end jobs) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
   export SERVEBOOK_LAB_DEADLINE=$(( $(date +%s) + cap - 15 ))
-  timeout --signal=INT --kill-after="$grace" "$cap" "$PY" -m servebook.lab.e2e_job run --target "$key" --out "$OUT"
+  timeout --signal=INT --kill-after="$grace" "$cap" "$PY" -m servebook.lab.e2e.job run --target "$key" --out "$OUT"
   local rc=$?
   echo "=== $key exit $rc after $((SECONDS - t0)) s; results: $(ls "$OUT"/e2e_*.json 2>/dev/null | tr '\n' ' ' || echo MISSING)"
   return "$rc"
@@ -198,7 +198,7 @@ check() {
   "$PY" - <<'PY'
 import sys, vllm, torch
 import servebook.lab, servebook.plan
-from servebook.lab import get_profile
+from servebook.lab.harness import get_profile
 p = get_profile("gpu")
 print("python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
       "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
@@ -209,9 +209,9 @@ PY
 l9_check() {
   "$PY" - <<'PY'
 import sys, torch, vllm
-import servebook.lab, servebook.lab.lab9_parallel
-from servebook.lab import get_profile
-from servebook.lab.lab9_parallel import visible_gpus
+import servebook.lab, servebook.lab.analyses.lab9_parallel
+from servebook.lab.harness import get_profile
+from servebook.lab.analyses.lab9_parallel import visible_gpus
 try:
     import vllm._moe_C_stable_libtorch  # noqa: F401
     moe = "loaded"
@@ -244,11 +244,11 @@ run_lab() {
   mkdir -p "$OUT"
   echo "=== $key ($file${model:+, $model}) start $(date -u +%FT%TZ)"
   local t0=$SECONDS
-  # Labs 3 and 5-7 read this (servebook.lab.deadline): they skip or stop engines that cannot finish by
+  # Labs 3 and 5-7 read this (servebook.lab.harness.deadline): they skip or stop engines that cannot finish by
   # then and save after every engine, so a lab cut by the cap still returns what it measured.
   export SERVEBOOK_LAB_DEADLINE=$(( $(date +%s) + cap - 15 ))
   ${model_env[@]+"${model_env[@]}"} timeout --signal=INT --kill-after="$grace" "$cap" \
-    "$PY" -m servebook.lab.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$log.log" | grep -v "^\s*$" | tail -60
+    "$PY" -m servebook.lab.harness.run_notebook "$ROOT/labs/$file.md" 2>&1 | tee "$OUT/$log.log" | grep -v "^\s*$" | tail -60
   local rc=${PIPESTATUS[0]}
   echo "=== $key exit $rc after $((SECONDS - t0)) s; result: $(ls "$OUT"/$result 2>/dev/null || echo MISSING)"
   return "$rc"
@@ -261,7 +261,7 @@ for arg in "$@"; do
     plan) plan ;;
     check) check || status=1 ;;
     l9-check) l9_check || status=1 ;;
-    e2e-plan) for t in e2e-a e2e-b e2e-c e2e-gemma; do "$PY" -m servebook.lab.e2e_job plan --target "$t" || status=1; done ;;
+    e2e-plan) for t in e2e-a e2e-b e2e-c e2e-gemma; do "$PY" -m servebook.lab.e2e.job plan --target "$t" || status=1; done ;;
     e2e-check) e2e_check || status=1 ;;
     e2e-a|e2e-b|e2e-c|e2e-gemma) run_e2e "$arg" || status=1 ;;
     *) run_lab "$arg" || status=1 ;;

@@ -7,7 +7,8 @@ concept:
     model_spec    what a model is, as the calculators see it (dataclasses)
     hf_config     config.json -> ModelSpec, with parameter counts
     hardware      the GPU catalogue (data/gpus.toml)
-    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation)
+    vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation),
+                  and the vLLM releases described (release: PINNED_VLLM, GPU_LAB_VLLM)
     kv_cache      KV bytes per token, pages, blocks, capacity as vLLM computes them (the logged
                   admission bound) and the requests that run at once (running_concurrency)
     startup_log   parser for vLLM startup logs (0.26, 0.27, V0)
@@ -18,45 +19,43 @@ concept:
     perf          step-time model (prefill, decode, speculation, fleet plans)
     draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
     simulator     discrete-event model of vLLM's scheduler
-    lab           harness that starts real engines for the GPU labs
+    lab/          the GPU labs: harness (real engines, measuring), recordings (reading results back),
+                  analyses (one module per lab), e2e (the fleet model against real jobs)
     drills/       interview drills: model, exhibits, grading, rendering, calls
     reductions    sums, means, percentiles of floats with numpy's digits, without numpy (numpy is optional)
     records       where recorded lab results are (the one module that knows labs/results)
     figures       the chapter pages' figures, drawn at page width from data the page loaded
+    figure_style  a page figure's style (width, 10-point text), shared by figures and the labs' plots
     shipped       paths of the data shipped in the package
     commands/     the ``servebook`` CLI, one file per sub-command
 
 Import rule: ``commands`` (the CLI) imports the library; the library never
-imports ``commands``.
+imports ``commands``, nor this package face; each layer imports only the layers below it
+(tests/test_layout.py holds the order).
 """
-__version__ = "0.1.0"
-
-#: The vLLM release the chapter describes; drift tests check against it.
-PINNED_VLLM = "0.27.1"
-#: The vLLM release that runs on the lent GPU (recorded GPU results say so).
-GPU_LAB_VLLM = "0.26.0"
-
-# The public face, re-exported from the modules that hold each name (defined after the
-# constants above: those modules read PINNED_VLLM from this package).
-from servebook.errors import DoesNotFitError, ServebookError  # noqa: E402
-from servebook.hardware import get_gpu, gpu_names  # noqa: E402
-from servebook.hf_config import load_model_spec, reference_model_ids  # noqa: E402
-from servebook.kv_cache import (  # noqa: E402
+# The public face, re-exported from the modules that hold each name. No module of the library
+# imports this face (tests/test_layout.py): each imports the module that holds the name.
+from servebook._version import __version__
+from servebook.errors import DoesNotFitError, ServebookError
+from servebook.hardware import get_gpu, gpu_names
+from servebook.hf_config import load_model_spec, reference_model_ids
+from servebook.kv_cache import (
     capacity,
     default_async_scheduling,
     default_block_size,
     kv_cache_layout,
     running_concurrency,
 )
-from servebook.memory import (  # noqa: E402
+from servebook.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     MemoryBudget,
     memory_budget,
     vllm_batch_defaults,
 )
-from servebook.model_spec import ModelSpec  # noqa: E402
-from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan  # noqa: E402
-from servebook.startup_log import parse_startup_log, read_startup_log  # noqa: E402
+from servebook.model_spec import ModelSpec
+from servebook.plan import MAX_NUM_SEQS_FRACTION, Plan, make_plan
+from servebook.startup_log import parse_startup_log, read_startup_log
+from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM
 
 #: Names whose modules are imported on first use (PEP 562): the step-time model and the simulator
 #: import numpy today, and ``import servebook`` (with make_plan, the memory budget and the KV

@@ -12,7 +12,8 @@ import importlib
 import pkgutil
 import sys
 
-from servebook import __version__, commands
+from servebook import commands
+from servebook._version import __version__
 from servebook.errors import ServebookError
 
 

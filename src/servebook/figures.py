@@ -8,15 +8,7 @@ figure and caption it with a ``{glue:figure}`` directive; the caption carries th
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-#: Figure size on a chapter page, inches (width, height): the text column's width.
-PAGE_FIGSIZE = (7.0, 3.5)
-#: Text size on a chapter page, points: never smaller than the body text's footnotes.
-PAGE_FONT_PT = 10
-
-_PAGE_RC = {"font.size": PAGE_FONT_PT, "axes.titlesize": PAGE_FONT_PT, "axes.labelsize": PAGE_FONT_PT,
-            "xtick.labelsize": PAGE_FONT_PT, "ytick.labelsize": PAGE_FONT_PT, "legend.fontsize": PAGE_FONT_PT}
+from servebook.figure_style import PAGE_FIGSIZE, page_axes, page_style
 
 #: Colours of the start-up memory claims (as in the memory-budget notebook).
 CLAIM_COLOURS = {"weights": "#4c72b0", "activations": "#dd8452", "non-torch": "#937860",
@@ -38,22 +30,6 @@ def recorded_on(doc: dict) -> str:
     count = doc["gpu"].get("count", 1)
     gpus = doc["gpu"]["name"] + ("s" if count > 1 else "")
     return f"{_COUNT_WORDS.get(count, str(count))} {gpus}, vLLM {doc['vllm_version']}"
-
-
-@contextmanager
-def page_style():
-    """Matplotlib settings of a chapter-page figure (10-point text) for the ``with`` block."""
-    import matplotlib.pyplot as plt
-
-    with plt.rc_context(_PAGE_RC):
-        yield
-
-
-def page_axes(figsize=PAGE_FIGSIZE):
-    """A new figure of page width with one Axes (call inside :func:`page_style`)."""
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=figsize)
 
 
 # ---- 6.5: where the GPU's memory goes --------------------------------------------------------
@@ -157,12 +133,12 @@ def plot_roofline_steps(spec, gpu, prefill: list[dict], decode: list[dict]):
 def plot_chunk_tradeoff(rows: list[dict], target_ms: float | None = None, knee_budget: int | None = None):
     """Lab 5: long prompt's TTFT against the decodes' worst inter-token gap, one point per budget.
 
-    ``rows`` from :func:`servebook.lab.lab5_chunked_prefill.l5_table`; measured points labelled with their
+    ``rows`` from :func:`servebook.lab.analyses.lab5_chunked_prefill.l5_table`; measured points labelled with their
     ``--max-num-batched-tokens``, the calibrated model's prediction dashed, and ``target_ms`` (the
     procedure's gap target) as a horizontal line when given, and the chunked row of ``knee_budget``
     (the measured knee) ringed when given. Gap on a log scale. Returns the figure.
     """
-    from servebook.lab.lab5_chunked_prefill import draw_tradeoff
+    from servebook.lab.analyses.lab5_chunked_prefill import draw_tradeoff
 
     with page_style():
         fig, ax = page_axes()
@@ -189,13 +165,13 @@ def plot_tp_vs_dp(view: dict, spec):
     """Lab 9, one model: KV tokens per replica, one request's time per token, and output tokens/s
     with the whole load at once, for each configuration (TP=1, DP=2, TP=2...).
 
-    ``view`` from :func:`servebook.lab.lab9_parallel.load_l9`, ``spec`` the model's spec. Measured
+    ``view`` from :func:`servebook.lab.analyses.lab9_parallel.load_l9`, ``spec`` the model's spec. Measured
     bars beside the prediction (left, middle); on the right the tokens/s the clients received
     beside the tokens/s the engines emitted. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
-    from servebook.lab.lab9_parallel import capacity_rows, saturation_rows, single_stream_rows
+    from servebook.lab.analyses.lab9_parallel import capacity_rows, saturation_rows, single_stream_rows
 
     cap, single, sat = capacity_rows(view, spec), single_stream_rows(view, spec), saturation_rows(view)
     names = [r["config"] for r in cap]

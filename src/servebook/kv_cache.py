@@ -673,7 +673,7 @@ def running_concurrency(cap: Capacity, request_tokens: int, prompt_tokens: int |
     capped at the admission bound (``KVCacheManager.allocate_slots`` with
     ``full_sequence_must_fit``, the default ``scheduler_reserve_full_isl``), and a prefill chunk
     holds ``window + chunk`` tokens' blocks until the step is processed. Both are in the
-    scheduler simulator (:meth:`servebook.plan.Plan.scheduler_config`). On the H200, Gemma 3
+    scheduler simulator (:func:`servebook.simulator.config.scheduler_config`). On the H200, Gemma 3
     27B ran the figure or one fewer (labs/results, issue 20's records). For a pure
     full-attention model the two figures agree at ``max_model_len`` up to the null block.
 

@@ -49,13 +49,13 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from servebook import __version__, make_plan
+from servebook._version import __version__
 from servebook.errors import ServebookError
 from servebook.hardware import get_gpu, gpu_names
 from servebook.hf_config import load_model_spec, reference_model_ids
 from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
-from servebook.plan import DEFAULT_GPU, KV_CACHE_DTYPES
+from servebook.plan import DEFAULT_GPU, KV_CACHE_DTYPES, make_plan
 
 GIB = 2**30
 KIB = 2**10

@@ -40,8 +40,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from servebook import PINNED_VLLM
 from servebook.errors import DoesNotFitError, ServebookError
+from servebook.vllm_rules.release import PINNED_VLLM
 from servebook.kv_cache import (
     Capacity,
     RunningConcurrency,
@@ -147,21 +147,6 @@ class Plan:
             else:
                 full += 1
         return full, tuple(windows)
-
-    def scheduler_config(self, **overrides):
-        """The scheduler simulator's settings for this deployment: its KV pool (usable blocks, block
-        size, groups) and batch limits. ``overrides`` replace fields (e.g. ``enable_prefix_caching``,
-        ``max_model_len``). Prefix caching is off for sliding-window models (not simulated there)."""
-        from servebook.simulator.config import SchedulerConfig
-
-        full, windows = self.pool_groups()
-        fields = dict(num_blocks=self.usable_blocks, block_size=self.tokens_per_block,
-                      max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                      max_model_len=self.max_model_len, full_groups=full, sliding_windows=windows)
-        fields.update(overrides)
-        if windows:
-            fields["enable_prefix_caching"] = False
-        return SchedulerConfig(**fields)
 
     @property
     def request_tokens(self) -> int:

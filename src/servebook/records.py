@@ -72,7 +72,7 @@ def read_json(*parts: str, directory: str | Path | None = None) -> dict:
     return json.loads(path.read_text())
 
 
-#: Schema of an end-to-end job record (:mod:`servebook.lab.e2e_job`).
+#: Schema of an end-to-end job record (:mod:`servebook.lab.e2e.job`).
 E2E_SCHEMA = "servebook.e2e/1"
 
 
@@ -97,7 +97,7 @@ def e2e_results(directory: str | Path | None = None, folder: str = "e2e") -> lis
         doc = json.loads(path.read_text())
         if doc.get("schema") != E2E_SCHEMA:
             raise ValueError(f"{path} has schema {doc.get('schema')!r}, not {E2E_SCHEMA!r}; "
-                             "keep only servebook.lab.e2e_job records in that folder")
+                             "keep only servebook.lab.e2e.job records in that folder")
         docs.append(doc)
     return sorted(docs, key=lambda d: d["model_id"])
 

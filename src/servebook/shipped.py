@@ -18,7 +18,7 @@ STARTUP_LOGS_DIR = DATA_DIR / "startup_logs"
 CPU_STARTUP_LOGS_DIR = DATA_DIR / "cpu_startup_logs"
 #: A recorded ``vllm bench serve`` capture (server log, /metrics, bench output) the drills show.
 BENCH_DIR = DATA_DIR / "bench"
-#: The end-to-end jobs recorded on the H200 (models, workload shapes, request counts): servebook.lab.e2e_plan.
+#: The end-to-end jobs recorded on the H200 (models, workload shapes, request counts): servebook.lab.e2e.plan.
 E2E_JOBS = DATA_DIR / "e2e_jobs.toml"
 #: The directory that holds the ``servebook`` package: put it on an engine child's PYTHONPATH.
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
 ``python3`` kernel from the lab's folder, with the variables given added to the kernel's
 environment only (this test process's ``os.environ`` is left as it was, so nothing leaks into
 later tests). ``run_lab`` runs one of the labs that save ``<lab>_cpu-smoke.json`` through
-``servebook.lab.results`` in the ``cpu-smoke`` profile, returns that document and prints the lab's
+``servebook.lab.harness.results`` in the ``cpu-smoke`` profile, returns that document and prints the lab's
 wall time, separating the time spent waiting for other engines (the machine-wide engine lock).
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from servebook.lab.server import free_port
+from servebook.lab.harness.server import free_port
 
 TAG = "SERVEBOOK_RAY_TAG"
 LOOPBACK_START = Path(__file__).with_name("ray_loopback.py")

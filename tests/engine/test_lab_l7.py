@@ -22,7 +22,7 @@ pytest.importorskip("nbclient")
 
 from labrun import LABS, check_provenance, run_lab  # noqa: E402
 
-from servebook.lab.profiles import LAB_PARAMS  # noqa: E402
+from servebook.lab.harness.profiles import LAB_PARAMS  # noqa: E402
 
 pytestmark = pytest.mark.engine
 W = LAB_PARAMS["cpu-smoke"]["l7"]

@@ -100,10 +100,10 @@ def test_every_token_round_trips_through_decode_and_encode(probe):
 
 
 def test_prompt_starts_match_vllms_random_dataset(probe):
-    """servebook.lab.random_prompts repeats vLLM's draws without vLLM (the unit tests use it to show that
+    """servebook.lab.harness.random_prompts repeats vLLM's draws without vLLM (the unit tests use it to show that
     Lab 9's benchmark clients, one seed each, send no prompt twice): the first token after BOS of each
     prompt vLLM built must be the allowed id at the predicted start (allowed ids: every id but 0-2)."""
-    from servebook.lab.random_prompts import prompt_starts
+    from servebook.lab.harness.random_prompts import prompt_starts
 
     starts = prompt_starts(SEED, NUM_PROMPTS, vocab_size=probe["vocab_size"],
                            num_special_ids=len(probe["special_ids"]), input_len=INPUT_LEN, output_len=1,

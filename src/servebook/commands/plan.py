@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from servebook import PINNED_VLLM
+from servebook.vllm_rules import PINNED_VLLM
 from servebook.errors import ServebookError
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, load_coefficients
 from servebook.plan import (  # noqa: F401  (re-exported for callers of the old home)

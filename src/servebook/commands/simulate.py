@@ -8,7 +8,7 @@ from servebook.errors import ServebookError
 from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearStepTime, SchedulerConfig, simulate,
                                  synthetic_workload_with_truncation)
-from servebook.simulator.config import TOY_MAX_MODEL_LEN
+from servebook.simulator.config import TOY_MAX_MODEL_LEN, scheduler_config
 from servebook.simulator.step_time import PerfStepTime, perf_step_time_for
 from servebook.simulator.workload import lognormal_lengths
 from servebook.plan import USAGE_CONTEXTS
@@ -139,7 +139,7 @@ def run(args) -> int:
         full, windows = plan.pool_groups()
         if windows and args.policy != "paged":
             overrides.update(full_groups=1, sliding_windows=())  # contiguous reservations know no groups
-        config = plan.scheduler_config(**overrides)
+        config = scheduler_config(plan, **overrides)
         step_note += (f"; {config.num_blocks} KV blocks" + (" given" if args.num_blocks is not None else
                       f" from servebook plan ({len(windows)} sliding-window groups, prefix caching not simulated)"
                       if windows and args.policy == "paged" else " from servebook plan"))

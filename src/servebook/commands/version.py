@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from servebook import GPU_LAB_VLLM, PINNED_VLLM, __version__
+from servebook._version import __version__
+from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM
 
 
 def register(sub) -> None:

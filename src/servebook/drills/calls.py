@@ -445,7 +445,7 @@ def capture_text(capture: str, file: str) -> str:
 
 def metrics_value(capture: str, name: str, file: str = "metrics_after.txt") -> float:
     """A /metrics value from a recorded snapshot (summed over labels; ``_total`` optional)."""
-    from servebook.lab.metrics import metric, parse_metrics
+    from servebook.lab.harness.metrics import metric, parse_metrics
 
     values = parse_metrics(capture_text(capture, file))
     if not any(k in values for k in (name, f"{name}_total", name.removesuffix("_total"))):
@@ -545,11 +545,11 @@ def slo_gpu_price_index(**kw) -> float:
 
 def _lab_measurements(lab: str) -> tuple[str, dict]:
     """(file path as the repository names it, ``measurements``) of a recorded lab result, read and
-    checked by :func:`servebook.lab.recorded.load_rendered` (a lab recorded in part files comes merged);
+    checked by :func:`servebook.lab.analyses.rendered.load_lab` (a lab recorded in part files comes merged);
     ``lab`` is the file stem (``l3_preemption_gpu``)."""
-    from servebook.lab.recorded import load_rendered
+    from servebook.lab.analyses.rendered import load_lab
 
-    name, doc = load_rendered(lab)
+    name, doc = load_lab(lab)
     return repo_relative(Path(name)), doc["measurements"]
 
 

@@ -65,11 +65,11 @@ class Exhibit:
 
     def recorded_files(self) -> list[Path]:
         """The files the exhibit's lines come from: :meth:`path`, or for a lab recorded in part files
-        (no ``<name>.json``; :func:`servebook.lab.recorded.load_rendered`) each part file."""
+        (no ``<name>.json``; :func:`servebook.lab.analyses.rendered.load_lab`) each part file."""
         p = self.path()
         if self.source != "lab" or p.is_file():
             return [p]
-        from servebook.lab.split import part_paths
+        from servebook.lab.harness.split import part_paths
 
         return part_paths(self.name.removesuffix("_gpu"), p.parent) or [p]
 
@@ -99,16 +99,16 @@ class Exhibit:
     def _lab_lines(self) -> list[str]:
         """Selected points of a lab result: each field as the JSON file writes it, then matching log lines.
 
-        The result is read by :func:`servebook.lab.recorded.load_rendered` (checked; a lab recorded in
+        The result is read by :func:`servebook.lab.analyses.rendered.load_lab` (checked; a lab recorded in
         part files comes merged)."""
         import json
 
         from servebook.drills.calls import repo_relative, value_at
         from servebook.lab.errors import LabError
-        from servebook.lab.recorded import load_rendered
+        from servebook.lab.analyses.rendered import load_lab
 
         try:
-            name, doc = load_rendered(self.name, self.path().parent)
+            name, doc = load_lab(self.name, self.path().parent)
         except LabError as e:
             raise DrillError(f"exhibit {self.name}: {e}; record it first (see the folder's README)") from None
         name = repo_relative(Path(name))

@@ -1,30 +1,20 @@
-"""The lab harness: real vLLM engines for the GPU labs (and their CPU smoke runs).
+"""The GPU labs' code, one subpackage per job (each imports only those listed before it):
 
-* :class:`VllmServer` — ``vllm serve`` in its own process group on 127.0.0.1, ``/health``
-  wait, parsed start-up log, ``/metrics``; always torn down (module :mod:`.server`).
-* :func:`run_bench` — load with ``vllm bench serve``, per-request timings (:mod:`.bench`).
-* :func:`run_offline` — ``LLM(...)`` starts/generate and the HF static-batching baseline in a
-  subprocess (:mod:`.offline`).
-* :func:`get_profile` — ``cpu-smoke`` or ``gpu`` (:mod:`.profiles`).
-* :func:`save_result` — JSON with provenance (:mod:`.results`).
-* :mod:`.recorded` — recorded results read back (schema and provenance checked);
-  :mod:`.rerecordings` compares a re-recording with the run it replaced, :mod:`.engine_stats` reads
-  prefix-cache hit rates and running requests from a recording.
-* One module per lab for Labs 1–6 (:mod:`.lab1_memory`, :mod:`.lab2_batching`, :mod:`.lab3_preemption`,
-  :mod:`.lab4_fp8_kv`, :mod:`.lab5_chunked_prefill`, :mod:`.lab6_prefix_caching`): its tables, summaries,
-  figure and reader, which the lab and its results page (``labs/results_l<N>.md``) share.
+* :mod:`servebook.lab.errors` — what every lab module raises (:class:`~servebook.lab.errors.LabError`...).
+* :mod:`servebook.lab.harness` — running real vLLM engines and measuring them: ``vllm serve`` servers,
+  offline ``LLM`` jobs, ``vllm bench serve``, ``/metrics``, the engine's step recorder, load generators,
+  lab profiles (``cpu-smoke``, ``gpu``), the runner's deadline and split sweeps, saving a result with its
+  provenance, predict-then-measure tables. A lab page's first cell imports it
+  (``from servebook.lab.harness import VllmServer, get_profile, save_result``).
+* :mod:`servebook.lab.recordings` — reading recorded lab results back: schema and provenance checked
+  (:mod:`~servebook.lab.recordings.recorded`), re-recordings compared
+  (:mod:`~servebook.lab.recordings.rerecordings`), engine statistics read from a recording
+  (:mod:`~servebook.lab.recordings.engine_stats`). They know no lab: what a lab adds (a merger of part
+  files, the quantities a re-recording is compared on) comes from the lab's own module.
+* :mod:`servebook.lab.analyses` — one module per lab (``lab1_memory`` ... ``lab9_parallel``): its
+  prediction, tables, figure and reader, which the lab page, its results page and the chapter share.
+* :mod:`servebook.lab.e2e` — the end-to-end validation of the fleet model: the job plan, the recorder
+  (parent and engine child), and the analysis of recorded jobs against ``servebook fleet``.
+
+CONTRIBUTING.md ("Adding a lab") lists the files a new lab touches.
 """
-from servebook.lab.bench import run_bench
-from servebook.lab.errors import EngineStartError, LabError, PortInUseError
-from servebook.lab.metrics import delta, metric, parse_metrics
-from servebook.lab.offline import JobResult, engine_provenance, run_offline
-from servebook.lab.profiles import Profile, get_profile
-from servebook.lab.results import load_result, save_result
-from servebook.lab.server import VllmServer, free_port
-from servebook.lab.table import ratio, side_by_side
-
-__all__ = [
-    "EngineStartError", "JobResult", "LabError", "PortInUseError", "Profile", "VllmServer",
-    "delta", "engine_provenance", "free_port", "get_profile", "load_result", "metric",
-    "parse_metrics", "ratio", "run_bench", "run_offline", "save_result", "side_by_side",
-]

@@ -190,7 +190,7 @@ def fit_host_terms(coeffs, sweep_features, docs: list[dict], fitted: list[str], 
     rows = _step_rows(docs, fitted, g, coeffs)
     if not len(rows["measured"]):
         raise ServebookError(f"no recorded step with a prefill chunk among the fitted models {fitted}; "
-                             "record their end-to-end jobs (servebook.lab.e2e_job) first")
+                             "record their end-to-end jobs (servebook.lab.e2e.job) first")
     args = {k: v for k, v in rows.items() if k != "measured"}
 
     def with_terms(x):

@@ -78,6 +78,6 @@ def gpu_numbers(gpu) -> GPUNumbers:
         return gpu
     if not isinstance(gpu, str):
         return _from_object(gpu)
-    from servebook import hardware  # the shared GPU catalogue (data/gpus.toml)
+    from servebook.hardware import get_gpu  # the shared GPU catalogue (data/gpus.toml)
 
-    return _from_object(hardware.get_gpu(gpu))
+    return _from_object(get_gpu(gpu))

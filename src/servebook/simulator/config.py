@@ -50,7 +50,7 @@ class SchedulerConfig:
             for its whole prompt in every group at admission, capped at the group's admission
             bound (:func:`servebook.vllm_rules.sliding_window_hold_tokens`). ``num_blocks`` then
             counts block ids of the shared pool (one id = one block of every layer of one group),
-            as vLLM's ``num_gpu_blocks`` does. :meth:`servebook.plan.Plan.scheduler_config` fills
+            as vLLM's ``num_gpu_blocks`` does. :func:`scheduler_config` fills
             both from the model's KV layout.
 
     Defaults (no GPU, no model: the toy engine of the mechanism pages) are vLLM's ``LLM``-class
@@ -149,3 +149,20 @@ class SchedulerConfig:
             if block_index <= sliding_window_running_blocks(w, self.block_size, 1):
                 grows += 1
         return self.full_groups + grows
+
+
+def scheduler_config(plan, **overrides) -> SchedulerConfig:
+    """The simulated engine of a deployment: its KV pool (usable blocks, block size, groups) and batch
+    limits, all from ``plan`` (:class:`servebook.plan.Plan`, the one description of a deployment).
+
+    ``overrides`` replace fields (e.g. ``enable_prefix_caching``, ``max_model_len``, ``policy``).
+    Prefix caching is off for sliding-window models (not simulated there).
+    """
+    full, windows = plan.pool_groups()
+    fields = dict(num_blocks=plan.usable_blocks, block_size=plan.tokens_per_block, max_num_seqs=plan.max_num_seqs,
+                  max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=plan.max_model_len,
+                  full_groups=full, sliding_windows=windows)
+    fields.update(overrides)
+    if fields["sliding_windows"]:
+        fields["enable_prefix_caching"] = False
+    return SchedulerConfig(**fields)

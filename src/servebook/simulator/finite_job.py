@@ -14,7 +14,7 @@ million. A job of at most ``n`` requests is the replay itself.
 
 The replay runs the deployment's own engine: the KV pool, its groups (sliding-window groups free
 the blocks that left the window, as vLLM does), ``max_num_seqs`` and the token budget all come
-from the deployment's :class:`~servebook.plan.Plan` (:meth:`~servebook.plan.Plan.scheduler_config`).
+from the deployment's :class:`~servebook.plan.Plan` (:func:`~servebook.simulator.config.scheduler_config`).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def finite_job_seconds(workload, d, coeffs, steady=None) -> dict:
     running in one step), ``preemptions`` and ``kv_blocks`` (the pool's usable blocks).
     """
     from servebook.perf.fleet import plan
+    from servebook.simulator.config import scheduler_config
     from servebook.simulator.run import simulate
     from servebook.simulator.step_time import perf_step_time
 
@@ -53,7 +54,7 @@ def finite_job_seconds(workload, d, coeffs, steady=None) -> dict:
     n = int(min(per_replica, REPLAY_BATCHES * max(p.batch, 1)))
     n = max(n, 1)
     longest = int(workload.input_tokens.max + workload.output_tokens.max) + 1
-    config = d.plan.scheduler_config(max_model_len=max(longest, d.plan.max_model_len),
+    config = scheduler_config(d.plan, max_model_len=max(longest, d.plan.max_model_len),
                                      enable_prefix_caching=False)
     step = perf_step_time(d.spec, d.gpu, coeffs, tp=d.tp, kv_cache_dtype=d.kv_cache_dtype,
                           cudagraph_max_tokens=d.plan.cudagraph_max_tokens())

@@ -8,6 +8,7 @@ vLLM source it mirrors; paths are relative to the ``vllm`` package):
     scheduler    batch defaults per GPU class, async scheduling, tokens in flight (engine and per request)
     parallel     tensor-parallel validity, KV heads per GPU
     compilation  the largest CUDA-graph capture size
+    release      the vLLM releases the chapter describes (PINNED_VLLM) and the GPU labs ran (GPU_LAB_VLLM)
 
 ``kv_cache``, ``memory``, ``perf`` and ``simulator`` read these; the drift test
 (tests/engine/test_cpu_capacity.py, ``test_defaults_servebook_uses_are_vllm_0_27_1_defaults``)
@@ -31,6 +32,7 @@ from servebook.vllm_rules.cache import (
 )
 from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
 from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_gpu, tp_splits_heads
+from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM
 from servebook.vllm_rules.scheduler import (
     CPU_BATCH_DEFAULTS,
     LARGE_GPU_BATCH_DEFAULTS,
@@ -46,9 +48,10 @@ from servebook.vllm_rules.scheduler import (
 )
 
 __all__ = [
-    "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "LARGE_GPU_BATCH_DEFAULTS",
-    "SMALL_GPU_BATCH_DEFAULTS", "USAGE_CONTEXTS", "check_batch_budget", "CUDA_DEFAULT_BLOCK_SIZE", "DEFAULT_CUDAGRAPH_MAX_TOKENS",
-    "DEFAULT_GPU_MEMORY_UTILIZATION", "KV_DTYPE_BYTES", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE",
+    "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
+    "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KV_DTYPE_BYTES",
+    "LARGE_GPU_BATCH_DEFAULTS", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE", "PINNED_VLLM", "SMALL_GPU_BATCH_DEFAULTS",
+    "USAGE_CONTEXTS", "check_batch_budget",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
     "decode_unsettled_tokens", "default_async_scheduling", "default_block_size", "in_flight_tokens",
     "kv_dtype_bytes", "kv_heads_per_gpu", "max_concurrent_batches", "sliding_window_hold_tokens",
