@@ -24,6 +24,7 @@ from servebook.plan import (  # noqa: F401  (re-exported for callers of the old 
     FIGURES_NOTE,
     MAX_NUM_SEQS_FRACTION,
     WATCH_METRICS,
+    USAGE_CONTEXTS,
     Plan,
     make_plan,
     recommended_max_num_seqs,
@@ -70,6 +71,13 @@ def register(sub) -> None:
     p.add_argument("--request-tokens", type=int, default=None,
                    help="prompt + output tokens per request for the run-time concurrency and the recommended "
                         "--max-num-seqs (default: --max-model-len)")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="prompt tokens of those requests, which admission must find free blocks for "
+                        "(default: all of --request-tokens)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="the engine's --max-num-seqs (default: vLLM's for the usage context and GPU)")
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="serve",
+                   help="which of vLLM's batch defaults apply: serve (vllm serve; default) or offline (the LLM class)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -125,6 +133,9 @@ def run(args) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        usage_context=args.usage_context,
+        prompt_tokens=args.prompt_tokens,
         available_kv_gib=args.available_kv_gib,
         request_tokens=args.request_tokens,
     )

@@ -302,7 +302,7 @@ def fleet_hours(model: str, gpu: str, gpus: int, requests: int, input_tokens: in
 
     wl = Workload(requests, LengthDistribution.fixed(input_tokens), LengthDistribution.fixed(output_tokens))
     d = Deployment.of(_spec(model), gpu=gpu, gpus=gpus, name="drill", tp=tp, kv_cache_dtype=kv_cache_dtype,
-                   max_num_batched_tokens=16384, speculation=Speculation(k, alpha) if k else None)
+                      speculation=Speculation(k, alpha) if k else None)
     return plan(wl, d, _coeffs(gpu)).hours
 
 

@@ -27,7 +27,6 @@ from functools import lru_cache
 from servebook.errors import ServebookError
 from servebook.kv_cache import usable_kv_blocks
 from servebook.reductions import percentile, require_numpy
-from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.run import simulate
 from servebook.simulator.workload import RequestSpec
 
@@ -116,14 +115,13 @@ def _replica_setup(model: str, gpu: str, tp: int, max_model_len: int, kv_cache_d
     from servebook.plan import make_plan
     from servebook.simulator.step_time import perf_step_time_for
 
-    plan = make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype, block_size=16)
+    from servebook.simulator.config import scheduler_config
+
+    plan = make_plan(model, gpu=gpu, tp=tp, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
     step, where = perf_step_time_for(model, gpu, tp=tp, kv_cache_dtype=kv_cache_dtype,
-                                     max_num_seqs=plan.default_max_num_seqs,
+                                     max_num_seqs=plan.max_num_seqs,
                                      max_num_batched_tokens=plan.max_num_batched_tokens)
-    config = SchedulerConfig(num_blocks=usable_kv_blocks(plan.capacity.num_gpu_blocks), block_size=16,
-                             max_num_seqs=plan.default_max_num_seqs,
-                             max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=max_model_len)
-    return config, step, where
+    return scheduler_config(plan), step, where
 
 
 @lru_cache(maxsize=256)
