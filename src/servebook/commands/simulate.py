@@ -79,6 +79,9 @@ def _step_model(args):
 
 
 def run(args) -> int:
+    from servebook.validation import validate_simulate_args
+
+    validate_simulate_args(args)  # every flag, before any work
     step_model, step_note = _step_model(args)
     num_blocks = args.num_blocks
     if num_blocks is None:
