@@ -306,3 +306,101 @@ def validate_simulate_args(args) -> None:
     check_kv_cache_dtype(args.kv_cache_dtype)
     check_utilization_arg(args.gpu_memory_utilization)
     check_calibration(args.calibration)
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+def check_request_file(path, name: str = "request file") -> None:
+    """A JSONL request file: given, not a directory, present."""
+    from pathlib import Path
+
+    if path is None or not str(path).strip():
+        raise ServebookError(f"the {name} is empty; give the JSONL file (one JSON request per line)")
+    p = Path(path)
+    if p.is_dir():
+        raise ServebookError(f"{name} {path} is a directory, give the JSONL file (one JSON request per line), "
+                             "e.g. a file inside it")
+    if not p.exists():
+        raise ServebookError(f"{name} {path} does not exist; pass a JSONL file with one request per line")
+
+
+def check_no_requests(count: int, path, name: str = "request file") -> None:
+    """Refuse a request file with no lines at all (empty, or blank lines only)."""
+    if count == 0:
+        raise ServebookError(f"{name} {path} holds no requests (it is empty or has only blank lines); put one JSON "
+                             'request per line, e.g. {"id": "r1", "prompt": "Hello", "max_tokens": 64}')
+
+
+def check_results_file(path, name: str = "results file", *, must_exist: bool = True) -> None:
+    """A results JSONL written by ``batch run``: not a directory; present when ``must_exist``."""
+    from pathlib import Path
+
+    if path is None or not str(path).strip():
+        raise ServebookError(f"the {name} is empty; give the results JSONL that `servebook batch run -o` wrote")
+    p = Path(path)
+    if p.is_dir():
+        raise ServebookError(f"{name} {path} is a directory, give the results JSONL file that "
+                             "`servebook batch run -o` wrote")
+    if must_exist and not p.exists():
+        raise ServebookError(f"{name} {path} does not exist; give the results JSONL that `servebook batch run -o` "
+                             "wrote (check the path)")
+
+
+def check_output_path(path, name: str = "--output") -> None:
+    """A file to write: not a directory."""
+    from pathlib import Path
+
+    if path is None or not str(path).strip():
+        raise ServebookError(f"{name} is empty; give a file name to write, e.g. results.jsonl")
+    if Path(path).is_dir():
+        raise ServebookError(f"{name} {path} is a directory; give a file name to write, e.g. {Path(path) / 'results.jsonl'}")
+
+
+def check_engine_args(args) -> None:
+    """The vLLM engine options shared by ``batch run`` and ``batch ray``."""
+    check_int(args.max_model_len, "--max-model-len", "context length in tokens")
+    check_int(args.max_num_seqs, "--max-num-seqs", "most sequences running at once")
+    check_seed(args.seed)
+
+
+def validate_batch_args(args) -> None:
+    """``servebook batch ACTION``'s flags and files, before any file is read or engine started."""
+    action = args.batch_command
+    if action in ("check", "run", "status", "shard", "merge"):
+        check_request_file(args.input, "request file" if action != "merge" else "--input")
+    check_int(getattr(args, "max_tokens", None), "--max-tokens", "default output tokens of a line without "
+              "max_tokens")
+    if action == "run":
+        check_output_path(args.output)
+        check_int(args.chunk_size, "--chunk-size", "requests per LLM.generate call")
+        check_int(args.min_shared_tokens, "--min-shared-tokens", "shared leading tokens that make a prefix group")
+        check_engine_args(args)
+    elif action == "ray":
+        for path in args.inputs:
+            check_request_file(path)
+        check_output_path(args.output)
+        for option, what in (("replicas", "number of vLLM engines"), ("batch_size", "requests per Ray Data batch"),
+                             ("flush_rows", "results written at a time")):
+            check_int(getattr(args, option), f"--{option.replace('_', '-')}", what)
+        check_engine_args(args)
+    elif action == "status":
+        check_results_file(args.output, must_exist=False)   # not started yet: nothing done
+    elif action == "repair":
+        check_results_file(args.output)
+    elif action == "shard":
+        from pathlib import Path
+
+        check_int(args.shards, "--shards", "number of shard files")
+        if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+            raise ServebookError(f"--out-dir {args.out_dir} is a file; give a directory for the shard files "
+                                 "(it is made if missing)")
+    elif action == "merge":
+        for path in args.outputs:
+            check_results_file(path)
+        check_output_path(args.output)
+
+
+def check_not_blank(path, name: str = "request file") -> None:
+    """Refuse a request file without one non-blank line (read as bytes, stopping at the first)."""
+    with open(path, "rb") as handle:
+        check_no_requests(int(any(line.strip() for line in handle)), path, name)
