@@ -26,7 +26,6 @@ from servebook.vllm_rules import (
     check_batch_budget,
     check_block_size,
     check_long_prefill_threshold,
-    check_tp_size,
 )
 
 #: Seeds numpy's generators accept (``numpy.random.default_rng`` / ``RandomState``): [0, 2**32).
@@ -101,11 +100,11 @@ def check_seed(value, name: str = "--seed") -> None:
 
 
 def check_tp_arg(value, name: str = "--tp") -> None:
-    """A tensor-parallel size: a whole number of GPUs >= 1 (whether it splits the heads needs the model)."""
-    if name == "--tp":
-        check_tp_size(value)   # the one message every command already prints for --tp 0
-    else:
-        check_int(value, name, "tensor-parallel size (GPUs per replica)")
+    """A tensor-parallel size: a whole number of GPUs >= 1 (whether it splits the heads needs the model).
+
+    The wording is :func:`servebook.vllm_rules.check_tp_size`'s, which the library raises for ``--tp``.
+    """
+    check_int(value, name, "tensor-parallel size")
 
 
 def known_gpus() -> str:
@@ -197,8 +196,7 @@ def validate_plan_args(args) -> None:
     check_config_arg(args.config)
     gpu = check_gpu(args.gpu)
     check_tp_arg(args.tp)
-    check_int(args.max_model_len, "--max-model-len", "context length in tokens",
-              hint=" (omit it for the model's max_position_embeddings)")
+    check_int(args.max_model_len, "--max-model-len", "context length in tokens")
     check_utilization_arg(args.gpu_memory_utilization)
     check_kv_cache_dtype(args.kv_cache_dtype, allowed=("auto", "fp8"))
     check_block_size_arg(args.block_size)
