@@ -60,6 +60,8 @@ CASES = [
     ("plan --config {tmp}/no-config", 2, "holds no config.json"),
     ("plan --config {tmp}/not-json.json", 2, "is not valid JSON"),
     ("plan --config llama-3.1-8", 2, "reference ids: deepseek-v2-lite"),
+    ("plan --config {tmp}/weights.safetensors", 2, "point at the model's config.json, not its weights"),
+    ("plan --config llama-3.1-8b --gpu 'NVIDIA H100 80GB HBM3'", 2, "aliases such as 'H100'"),
     # -- fleet ------------------------------------------------------------------------------------
     (FLEET + " --calibration {tmp}/brace.json", 2, "is not valid JSON"),
     (FLEET + " --calibration {tmp}/list.json", 2, 'holds a JSON list, not an object with "coefficients"'),
@@ -85,6 +87,7 @@ CASES = [
     (FLEET + ' --spec-k 2 --spec-alpha 0.5 --draft-config ""', 2, "--draft-config is empty"),
     ('fleet --compare-draft --gpu ""', 2, "--gpu '' is empty"),
     ("fleet --compare-draft --calibration {tmp}/list.json", 2, "holds a JSON list"),
+    ("fleet --compare-draft --config llama-3.1-8b --gpus 8", 2, "ignores --config, --gpus; drop --compare-draft"),
     ("fleet --config llama-3.1-8b --gpu h200 --requests 10 --input-tokens 100 --output-tokens 100", 2,
      "servebook fleet needs --gpus"),
     # -- step -------------------------------------------------------------------------------------
@@ -121,6 +124,7 @@ CASES = [
     (PERF + " --kv-cache-dtype fp4", 2, "--kv-cache-dtype 'fp4' is not supported"),
     ("simulate --requests 5 --config {tmp}/kv5.json --gpu h200", 2, "fix num_key_value_heads"),
     (SIM + " --gpu h200", 2, "drop them or use --step-model perf"),
+    (SIM + " --steps", 2, "--steps adds the per-step trace to the JSON output; add --json"),
     # -- batch ------------------------------------------------------------------------------------
     ("batch check {tmp}/empty.jsonl", 2, "holds no requests"),
     ("batch check {tmp}/blank.jsonl", 2, "holds no requests"),
@@ -148,6 +152,7 @@ CASES = [
     ('drills check memory-kv-per-token "128 ms"', 2, "give it in KiB"),
     ('drills check memory-kv-per-token "128K"', 2, "write the unit out, e.g. 128 KiB"),
     ('drills check memory-kv-per-token "lots"', 2, "type a number such as 4.2"),
+    ('drills check memory-kv-per-token "\u2212128 KiB"', 1, "you said -128"),   # a typographic minus
     ('drills check no-such-drill "1"', 2, "no drill 'no-such-drill'; use one of"),
     ("drills show memory-kv-per-token --seed -1", 2, "seed -1 is not allowed"),
     # -- models -----------------------------------------------------------------------------------
@@ -174,6 +179,7 @@ def bad_files(tmp_path):
     (tmp_path / "kv5.json").write_text(json.dumps({**llama, "num_key_value_heads": 5}))
     (tmp_path / "kv64.json").write_text(json.dumps({**llama, "num_key_value_heads": 64}))
     (tmp_path / "no-config").mkdir()
+    (tmp_path / "weights.safetensors").write_bytes(bytes([0xFA, 0x00, 0xFF]) * 64)
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n  \n")
     (tmp_path / "two.jsonl").write_text('{"id": "a", "prompt": "hi", "max_tokens": 4}\n'
@@ -232,6 +238,21 @@ def test_a_live_page_and_the_cli_say_the_same_for_the_same_mistake(capsys, reque
     assert reply["ok"] is False and status == 2
     cli_message = err.split(": error: ", 1)[1].strip()
     assert reply["error"] == cli_message.replace(flag, field, 1)
+
+
+def test_config_and_gpu_names_as_tools_write_them_are_read(tmp_path, capsys):
+    """Not mistakes: a config.json an editor saved with a byte-order mark, the GPU as torch names it."""
+    config = tmp_path / "config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + (MODELS_DIR / "llama-3.1-8b.json").read_bytes())
+    assert run_cli(["models", str(config)], capsys)[0] == 0
+    status, out, _ = run_cli(["plan", "--config", "llama-3.1-8b", "--gpu", "NVIDIA H200", "--json"], capsys)
+    assert status == 0 and json.loads(out)["gpu"] == "H200-SXM-141GB"
+
+
+def test_a_bad_calibration_named_by_the_environment_says_so(bad_files, capsys, monkeypatch):
+    monkeypatch.setenv("SERVEBOOK_PERF_CALIBRATION", str(bad_files / "list.json"))
+    status, _, err = run_cli(shlex.split(DECODE), capsys)
+    assert status == 2 and "point $SERVEBOOK_PERF_CALIBRATION at a calibration record" in err
 
 
 def test_live_refuses_an_empty_gpu_instead_of_planning_for_the_default():

@@ -121,9 +121,12 @@ def supported_architectures() -> list[str]:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # an editor's byte-order mark is no mistake
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); supply the model's config.json unmodified.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (not UTF-8 JSON); point at the model's config.json, not its "
+                          "weights (.safetensors, .bin, .gguf).") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     if not isinstance(data, dict):

@@ -239,6 +239,14 @@ def _arg(args, option: str):
 def validate_fleet_args(args) -> None:
     """``servebook fleet``'s flags, before the model is read."""
     if args.compare_draft:
+        job = [f"--{o}" for o in ("config", "gpus", "requests", "input-tokens", "output-tokens", "batch",
+                                  "spec-alpha", "draft-config", "cudagraph-max-tokens") if _arg(args, o) is not None]
+        job += ["--spec-k"] if args.spec_k else []
+        job += ["--finite-job"] if args.finite_job else []
+        if job:
+            raise ServebookError(f"--compare-draft prints the draft chapter's own five scenarios and ignores "
+                                 f"{', '.join(job)}; drop --compare-draft to plan your job, or drop "
+                                 f"{'those flags' if len(job) > 1 else 'it'}")
         check_gpu(args.gpu)
         check_calibration(args.calibration)
         return
@@ -296,6 +304,8 @@ def validate_simulate_args(args) -> None:
     check_int(args.shared_prefix_tokens, "--shared-prefix-tokens", "prompt prefix all requests share, in tokens",
               low=0)
     check_seed(args.seed)
+    if args.steps and not args.json:
+        raise ServebookError("--steps adds the per-step trace to the JSON output; add --json (or drop --steps)")
     check_batch_budget(args.max_num_batched_tokens, args.max_num_seqs)
     check_long_prefill_threshold(args.long_prefill_token_threshold, args.max_model_len)
     check_config_arg(args.config)

@@ -57,14 +57,19 @@ _TOKEN = re.compile(r"[A-Za-zµ]+|%")
 
 
 def _match(answer: str) -> re.Match:
-    m = _NUMBER.search(answer or "")
+    m = _NUMBER.search(_ascii_minus(answer or ""))
     if not m:
         raise DrillError(f"no number in {answer!r}; type a number such as 4.2")
     return m
 
 
+def _ascii_minus(text: str) -> str:
+    """Typographic minus signs (U+2212, en dash) as "-", so "−128" is not read as 128."""
+    return text.replace("\u2212", "-").replace("\u2013", "-")
+
+
 def _unit_token(answer: str, m: re.Match) -> str:
-    tail = answer[m.end():].lstrip()
+    tail = _ascii_minus(answer)[m.end():].lstrip()
     t = _TOKEN.match(tail)
     return t.group(0) if t else ""
 
