@@ -124,6 +124,7 @@ CASES = [
     (PERF + " --kv-cache-dtype fp4", 2, "--kv-cache-dtype 'fp4' is not supported"),
     ("simulate --requests 5 --config {tmp}/kv5.json --gpu h200", 2, "fix num_key_value_heads"),
     (SIM + " --gpu h200", 2, "drop them or use --step-model perf"),
+    (PERF + " --num-blocks 1000 --max-model-len 999999", 2, "use a value in [1, 131072]"),
     (SIM + " --steps", 2, "--steps adds the per-step trace to the JSON output; add --json"),
     # -- batch ------------------------------------------------------------------------------------
     ("batch check {tmp}/empty.jsonl", 2, "holds no requests"),
@@ -212,6 +213,34 @@ def test_a_mistake_gets_its_status_and_a_message_saying_what_to_change(bad_files
     assert phrase in (err if status == 2 else out), err or out
     if status == 2:
         assert f"servebook {argv[0]}: error: " in err, err    # one line naming the command, no stack
+
+
+# -- one mistake, one message, whichever command it is made in ---------------------------------------
+
+COMMANDS = {"plan": "plan --config llama-3.1-8b", "fleet": FLEET, "step": DECODE, "simulate": PERF}
+ACROSS = [
+    ('--gpu ""', ("plan", "fleet", "step", "simulate")),
+    ("--gpu-memory-utilization 1.5", ("plan", "fleet", "step", "simulate")),
+    ("--gpu-memory-utilization nan", ("plan", "fleet", "step", "simulate")),
+    ("--tp 0", ("plan", "fleet", "step", "simulate")),
+    ("--kv-cache-dtype fp4", ("fleet", "step", "simulate")),        # plan's parser lists its two choices
+    ("--calibration {tmp}/list.json", ("fleet", "step", "simulate")),
+    ("--calibration {tmp}/brace.json", ("fleet", "step", "simulate")),
+    ("--max-model-len 999999", ("plan", "simulate")),
+    ("--cudagraph-max-tokens 0", ("fleet", "step")),
+    ("--max-num-batched-tokens 0", ("plan", "fleet", "simulate")),
+]
+
+
+@pytest.mark.parametrize("flags, commands", ACROSS, ids=[a[0] for a in ACROSS])
+def test_the_same_mistake_reads_the_same_in_every_command(bad_files, capsys, flags, commands):
+    messages = {}
+    for name in commands:
+        argv = shlex.split(f"{COMMANDS[name]} {flags}".replace("{tmp}", str(bad_files)))
+        status, _, err = run_cli(argv, capsys)
+        assert status == 2 and "Traceback" not in err
+        messages[name] = err.split(": error: ", 1)[1]
+    assert len(set(messages.values())) == 1, messages
 
 
 # -- the live pages give the CLI's message for the CLI's mistake --------------------------------------

@@ -182,6 +182,17 @@ def check_calibration(path, name: str = "--calibration") -> None:
     load_calibration(path)
 
 
+def check_max_model_len(value, spec, name: str = "--max-model-len") -> None:
+    """``max_model_len`` (tokens) at most the model's ``max_position_embeddings`` (vLLM refuses more).
+
+    The wording is ``servebook plan``'s (:func:`servebook.plan.make_plan`), so the mistake reads alike.
+    """
+    limit = spec.max_position_embeddings
+    if value is not None and limit and value > limit:
+        raise ServebookError(f"{name} {value} exceeds the model's max_position_embeddings ({limit}); "
+                             f"use a value in [1, {limit}]")
+
+
 def check_config_arg(value, name: str = "--config") -> None:
     """An empty ``--config`` is refused before the model loader reads the current directory."""
     if value is not None and not str(value).strip():
@@ -314,6 +325,13 @@ def validate_simulate_args(args) -> None:
     check_kv_cache_dtype(args.kv_cache_dtype)
     check_utilization_arg(args.gpu_memory_utilization)
     check_calibration(args.calibration)
+    if args.config and args.step_model != "linear":   # the perf step model prices this model: its limits hold
+        from servebook.hf_config import load_model_spec
+        from servebook.vllm_rules import check_tp
+
+        spec = load_model_spec(args.config)
+        check_max_model_len(args.max_model_len, spec)
+        check_tp(spec, args.tp)
 
 
 # -- files ----------------------------------------------------------------------------------------
