@@ -6,10 +6,12 @@ for, and what to use instead. Every check raises :class:`servebook.errors.Serveb
 subclass); the CLI prints it without a traceback and exits 2, a live page shows it.
 
 The checks here run *before any work*: they look at one value, or at a few values together
-(``--gpus`` and ``--tp``), never at a model's shape -- those rules live with the model
-(``servebook.hf_config``, ``servebook.vllm_rules.check_tp``) and are reached as soon as the
-model is read. ``validate_<command>_args(args)`` runs every check a command's flags need; each
-command calls its own once, at the top of ``run``.
+(``--max-num-batched-tokens`` and ``--max-num-seqs``, ``--batch`` and ``--max-num-seqs``), and
+read a file only to refuse it early (``--calibration``). A model's shape is checked where the
+model is read (``servebook.hf_config``, ``servebook.vllm_rules.check_tp``); ``simulate`` reads
+its ``--config`` here, because the simulator would otherwise draw the workload first.
+``validate_<command>_args(args)`` runs every check a command's flags need; each command calls its
+own once, at the top of ``run``. The live pages call the single-value checks with their field names.
 
 Units: ``*_gib`` GiB (2**30 bytes), ``*_tokens`` tokens, seeds are integers in [0, 2**32).
 """
@@ -28,7 +30,8 @@ from servebook.vllm_rules import (
     check_long_prefill_threshold,
 )
 
-#: Seeds numpy's generators accept (``numpy.random.default_rng`` / ``RandomState``): [0, 2**32).
+#: Seeds accepted: [0, 2**32). ``numpy.random.seed`` (which vLLM's ``seed`` reaches) refuses others;
+#: the simulator's generator refuses negative ones.
 SEED_LIMIT = 2**32
 GIB = 2**30
 
@@ -126,7 +129,10 @@ def check_gpu(value, name: str = "--gpu", *, required: bool = False):
             raise UnknownGPUError(f"{name} is required: give a GPU name from the catalogue ({known_gpus()}), "
                                   "e.g. h200")
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str):
+        raise UnknownGPUError(f"{name} {_shown(value)} is not a GPU name: give one from the catalogue "
+                              f"({known_gpus()}), e.g. h200")
+    if not value.strip():
         raise UnknownGPUError(f"{name} {_shown(value)} is empty: give a GPU name from the catalogue "
                               f"({known_gpus()}), e.g. h200")
     return get_gpu(value)
