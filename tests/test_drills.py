@@ -478,3 +478,12 @@ def test_kv_per_token_drill_grades_by_magnitude(capsys):
     for answer, status in (("128 GiB", 1), ("131072 B", 0), ("0.125 MiB", 0), ("128 KB", 1), ("128 ms", 2)):
         assert cli_main(["drills", "check", "memory-kv-per-token", answer]) == status, answer
     assert "did you mean KiB" in capsys.readouterr().out
+
+
+def test_a_fraction_for_a_percentage_is_told_so():
+    d = get_drill("paged-contiguous-waste")
+    assert d.unit == "%"
+    exp = d.expected(0)
+    graded = check_answer(d, f"{exp / 100!r}")
+    assert not graded.correct and "The answer is a percentage" in graded.message
+    assert check_answer(d, f"{exp!r}%").correct

@@ -152,6 +152,8 @@ def check_answer(drill: str | Drill, answer: str, seed: int = 0) -> Grade:
             if binary and d.is_accepted(given * UNITS[binary][1] / UNITS[token][1], seed):
                 msg += (f" {token} is decimal ({UNITS[token][1]:,.0f} bytes) and {binary} binary "
                         f"({UNITS[binary][1]:,.0f} bytes): did you mean {binary}?")
+            elif d.unit == "%" and token != "%" and d.is_accepted(given * 100, seed):
+                msg += f" The answer is a percentage: {said} as a fraction is {format_number(given * 100)}%."
             elif exp and abs(given / exp - 2) < 0.1:
                 msg += " You are high by a factor of two: is something counted twice (K and V already included, or TP split missed)?"
             elif exp and abs(given / exp - 0.5) < 0.05:
