@@ -101,6 +101,7 @@ CASES = [
     (STEP + " --phase decode --batch 0 --context 10", 2, "--batch 0 is not allowed"),
     (STEP + " --phase prefill --tokens 10 --prior-tokens -1", 2, "--prior-tokens -1 is not allowed"),
     (STEP + " --phase prefill --tokens 0", 2, "--tokens 0 is not allowed"),
+    (DECODE + " --prior-tokens 500", 2, "a decode step's cached tokens are --context"),
     (DECODE + " --kv-cache-dtype fp4", 2, "--kv-cache-dtype 'fp4' is not supported"),
     (DECODE + " --gpu-memory-utilization 2", 2, "a fraction in (0, 1]"),
     (STEP + " --phase decode --batch 1 --context 200000", 2, "lower --context"),

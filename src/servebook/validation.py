@@ -299,6 +299,9 @@ def validate_step_args(args) -> None:
     check_int(args.prior_tokens, "--prior-tokens", "tokens already cached before this chunk", low=0)
     check_int(args.batch, "--batch", "running sequences in the decode step")
     check_number(args.context, "--context", "mean context of the running sequences in tokens", low=0)
+    if args.phase == "decode" and args.prior_tokens:
+        raise ServebookError("--prior-tokens belongs to --phase prefill (tokens cached before the chunk); a decode "
+                             "step's cached tokens are --context")
     check_kv_cache_dtype(args.kv_cache_dtype)
     check_utilization_arg(args.gpu_memory_utilization)
     check_int(args.cudagraph_max_tokens, "--cudagraph-max-tokens", "largest CUDA-graph step in tokens")
