@@ -435,3 +435,55 @@ def test_graph_and_padding_drills_agree_with_the_recorded_logs():
     # Hand arithmetic: 62 layers at 5 sliding : 1 global -> 52 sliding + 10 global; groups of 10
     # -> the 52 sliding layers fill 6 groups (60 slots): 8 padding, 8 / 52 = 15.38%.
     assert 6 * 10 - 52 == int(padding.group(1)) and round(8 / 52 * 100, 2) == float(padding.group(2))
+
+
+@pytest.mark.parametrize("text, unit, value", [
+    ("131072 B", "KiB", 128.0),             # 131,072 / 1,024 (bytes, not billions)
+    ("131,072 bytes", "KiB", 128.0),
+    ("0.125 MiB", "KiB", 128.0),            # 0.125 x 1,024
+    ("128 GiB", "KiB", 128 * 1024 * 1024),  # a GiB answer to a KiB question is 2**20 times too big
+    ("128 kib", "KiB", 128.0),
+    ("131.072 kB", "KiB", 128.0),           # 131,072 bytes written in decimal kilobytes
+    ("16 GB", "GiB", 16e9 / 2**30),         # 14.90 GiB: GB is decimal
+    ("3600 s", "h", 1.0),
+    ("90 min", "h", 1.5),
+    ("0.0087 s", "ms", 8.7),
+    ("24%", "%", 24.0),
+    ("2.5k tokens", "tokens", 2500.0),
+    ("7b", "x", 7e9),
+    ("42", "KiB", 42.0),                    # no unit: the drill's
+])
+def test_parse_quantity_converts_to_the_drills_unit(text, unit, value):
+    from servebook.drills.grading import parse_quantity
+
+    assert parse_quantity(text, unit) == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("text, unit, words", [
+    ("128 ms", "KiB", "give it in KiB"),
+    ("24%", "GiB", "give it in GiB"),
+    ("16G", "GiB", "write the unit out"),
+])
+def test_parse_quantity_refuses_a_unit_of_another_kind(text, unit, words):
+    from servebook.drills.grading import parse_quantity
+
+    with pytest.raises(DrillError, match=words):
+        parse_quantity(text, unit)
+
+
+def test_kv_per_token_drill_grades_by_magnitude(capsys):
+    # memory-kv-per-token's answer is 128 KiB (Llama-3.1-8B: 2 x 8 KV heads x 128 x 2 bytes x 32 layers
+    # = 131,072 bytes); the same number in another unit is right only when it is the same amount.
+    assert 2 * 8 * 128 * 2 * 32 == 131072
+    for answer, status in (("128 GiB", 1), ("131072 B", 0), ("0.125 MiB", 0), ("128 KB", 1), ("128 ms", 2)):
+        assert cli_main(["drills", "check", "memory-kv-per-token", answer]) == status, answer
+    assert "did you mean KiB" in capsys.readouterr().out
+
+
+def test_a_fraction_for_a_percentage_is_told_so():
+    d = get_drill("paged-contiguous-waste")
+    assert d.unit == "%"
+    exp = d.expected(0)
+    graded = check_answer(d, f"{exp / 100!r}")
+    assert not graded.correct and "The answer is a percentage" in graded.message
+    assert check_answer(d, f"{exp!r}%").correct

@@ -73,6 +73,8 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"plan": ("servebook.plan",)},
     {"perf": ("servebook.perf",), "batch": ("servebook.batch",)},
     {"simulator": ("servebook.simulator",), "draft": ("servebook.draft",)},
+    # the checks every front door (commands, live pages) runs before any work
+    {"validation": ("servebook.validation",)},
     {"lab harness": ("servebook.lab", "servebook.lab.errors", "servebook.lab.harness")},
     {"lab recordings": ("servebook.lab.recordings",)},
     {"lab analyses": ("servebook.lab.analyses",), "lab e2e": ("servebook.lab.e2e",)},

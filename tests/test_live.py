@@ -224,7 +224,9 @@ def test_the_fleet_calculator_is_the_fleet_plan():
     assert got["requests_per_s"] == pytest.approx(200_000 / (p.hours * 3600), rel=1e-9)
     for key, value in (("gpus", "0"), ("requests", "-5"), ("input_tokens", "0")):
         reply = live.compute({"calculator": "fleet", key: value})
-        assert reply == {"ok": False, "error": f"{key} {int(value)} is out of range; use a whole number >= 1"}
+        # servebook.validation's wording, the same as `servebook fleet --gpus 0` (with the flag's name)
+        assert reply["ok"] is False and reply["error"].startswith(f"{key} {int(value)} is not allowed: it is the ")
+        assert reply["error"].endswith("and must be >= 1")
     # Graphs captured up to the step budget (6.22's setting): the same plan as the library's, and
     # faster than vLLM's default capture size, whose 16,384-token steps run eagerly.
     graphs = plan(job, Deployment.of(spec, gpu=gpu, gpus=16, name="x", tp=2, max_num_batched_tokens=16384, kv_cache_dtype="fp8",

@@ -117,9 +117,9 @@ def test_model_that_does_not_fit_names_the_tp_to_use(capsys):
         (["--gpu-memory-utilization", "0"], "(0, 1]"),
         (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
         (["--block-size", "24"], "multiple of 16"),
-        (["--max-model-len", "-5"], "positive"),
+        (["--max-model-len", "-5"], "must be >= 1"),
         (["--max-model-len", "999999999"], "max_position_embeddings"),
-        (["--max-num-batched-tokens", "0"], "positive"),
+        (["--max-num-batched-tokens", "0"], "must be >= 1"),
         (["--tp", "3"], "use one of"),
         (["--available-kv-gib", "-1"], "positive number of GiB"),
         (["--gpu", "Z9000"], "Z9000"),
@@ -252,7 +252,7 @@ def test_table_names_both_figures_and_what_to_watch(capsys):
     assert "vllm:kv_cache_usage_perc" in out and "vllm:num_preemptions" in out
 
 
-@pytest.mark.parametrize("value, words", [("0", "out of range"), ("-5", "out of range"),
+@pytest.mark.parametrize("value, words", [("0", "must be >= 1"), ("-5", "must be >= 1"),
                                           ("20000", "exceeds --max-model-len 16384")])
 def test_bad_request_tokens_say_what_to_change(capsys, value, words):
     err = plan_error(capsys, "--config", "gemma-3-27b", "--max-model-len", "16384", "--request-tokens", value)

@@ -16,6 +16,7 @@ concept:
     memory_fit    fitting the memory coefficients on recorded start-ups (leave-one-out error)
     plan          one deployment: budget, KV capacity, recommended flags (``servebook plan``)
     live          the book's "Run live" calculators: JSON in, JSON out, no numpy (Pyodide in the browser)
+    validation    the input checks every front door shares (CLI flags, live fields): one message per mistake
     perf          step-time model (prefill, decode, speculation, fleet plans)
     draft/        the draft chapter's arithmetic (6.5 memory, 6.22 fleet), kept to compare against
     simulator     discrete-event model of vLLM's scheduler

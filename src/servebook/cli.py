@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -41,10 +42,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
     except ServebookError as exc:
         print(f"servebook {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader stopped reading (``servebook plan ... | head -1``): not an error of ours. Point
+        # stdout at /dev/null so Python's final flush does not raise again, and end as a process
+        # killed by SIGPIPE conventionally does (128 + 13), without a traceback.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print(f"servebook {args.command}: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+#: Exit status after the reader closed our stdout: 128 + SIGPIPE, what a shell reports for ``yes | head``.
+EXIT_BROKEN_PIPE = 141
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured in tests)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -141,7 +141,8 @@ def get_gpu(name: str | GPU) -> GPU:
     """Look up a GPU by canonical name or alias (case and punctuation ignored).
 
     ``get_gpu("H100")``, ``get_gpu("h100-sxm")`` and ``get_gpu("H100 SXM 80GB")``
-    all return the H100 SXM entry. A :class:`GPU` is returned unchanged.
+    all return the H100 SXM entry; a leading "NVIDIA" (``torch.cuda.get_device_name()``'s
+    "NVIDIA H200") is ignored. A :class:`GPU` is returned unchanged.
 
     Raises:
         UnknownGPUError: the name is not in the catalogue (the message lists the known names).
@@ -151,7 +152,10 @@ def get_gpu(name: str | GPU) -> GPU:
     if not isinstance(name, str) or not name.strip():
         raise UnknownGPUError(f"GPU name must be a non-empty string, got {name!r}; known: {', '.join(gpu_names())}.")
     index, names = _catalogue()
-    gpu = index.get(_normalise(name))
+    key = _normalise(name)
+    gpu = index.get(key)
+    if gpu is None and key.startswith("nvidia"):  # "NVIDIA H200", as nvidia-smi and torch name it
+        gpu = index.get(key[len("nvidia"):])
     if gpu is None:
         raise UnknownGPUError(
             f"unknown GPU {name!r}; known GPUs: {', '.join(names)} "

@@ -121,9 +121,12 @@ def supported_architectures() -> list[str]:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # an editor's byte-order mark is no mistake
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); supply the model's config.json unmodified.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (not UTF-8 JSON); point at the model's config.json, not its "
+                          "weights (.safetensors, .bin, .gguf).") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     if not isinstance(data, dict):
@@ -855,6 +858,7 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
     """
     cfg, default_name, where = _resolve_source(source)
     arch, _family_name, text, f, model = _describe(cfg)
+    _check_head_groups(f, model)
     tensors = model.global_tensors + [t for layer in model.layers for t in layer.tensors]
     dtype = _dtype(cfg, text)
     quant = cfg.get("quantization_config") or text.get("quantization_config")
@@ -875,6 +879,28 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         source=where,
         raw=cfg,
     )
+
+
+def _check_head_groups(f: _Fields, model: _Model) -> None:
+    """Refuse KV heads that do not group the query heads evenly (grouped-query attention).
+
+    Every KV head serves ``num_attention_heads / num_key_value_heads`` query heads, so the KV
+    heads must divide the query heads (transformers' ``repeat_kv``; vLLM's attention modules
+    split ``num_heads // num_kv_heads``). MLA layers have no KV heads.
+    """
+    heads = f.int("num_attention_heads")
+    for index, layer in enumerate(model.layers):
+        attn = layer.attention
+        if attn.kind == "mla" or not attn.owns_cache:
+            continue
+        kv = attn.num_kv_heads
+        if kv > heads or heads % kv:
+            fix = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise ConfigError(
+                f"{f.where}: layer {index} has {kv} KV heads, which do not divide the {heads} attention heads "
+                f"(num_attention_heads); each KV head serves a whole group of query heads, so fix "
+                f"num_key_value_heads (a divisor of {heads}: {', '.join(map(str, fix))}) or num_attention_heads "
+                "-- copy the model's published config.json")
 
 
 def _with_expert_bytes(moe: MoESpec | None, tensors: list[_Tensor], dtype: str, quant: Mapping | None):

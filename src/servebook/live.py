@@ -56,6 +56,8 @@ from servebook.hf_config import load_model_spec, reference_model_ids
 from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.plan import DEFAULT_GPU, KV_CACHE_DTYPES, make_plan
+from servebook.validation import (check_gpu, check_int, check_kv_cache_dtype, check_tp_arg,
+                                  check_utilization_arg)
 
 GIB = 2**30
 KIB = 2**10
@@ -159,6 +161,40 @@ def _float(request: dict, key: str) -> float:
         raise ServebookError(f"{key} {value!r} is not a number; enter a fraction such as 0.9") from None
 
 
+# The fields the CLI has too go through servebook.validation, as the CLI's flags do: the same
+# mistake, the same message (naming the field instead of the flag).
+
+def _gpu(request: dict) -> str:
+    """The GPU name, checked: an empty or unknown name is refused (it never means the default)."""
+    name = request.get("gpu", DEFAULTS["gpu"])
+    check_gpu(name, "gpu", required=True)
+    return name
+
+
+def _tp(request: dict) -> int:
+    tp = _int(request, "tp")
+    check_tp_arg(tp, "tp")
+    return tp
+
+
+def _utilization(request: dict) -> float:
+    value = _float(request, "gpu_memory_utilization")
+    check_utilization_arg(value, "gpu_memory_utilization")
+    return value
+
+
+def _max_model_len(request: dict) -> int:
+    value = _int(request, "max_model_len")
+    check_int(value, "max_model_len", "context length in tokens")
+    return value
+
+
+def _kv_cache_dtype(request: dict, allowed=None) -> str:
+    value = request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"])
+    check_kv_cache_dtype(value, "kv_cache_dtype", allowed)
+    return value
+
+
 def _config(request: dict, folder: Path) -> str:
     """A reference id, or the path of the pasted config.json written to ``folder``."""
     if "config_json" not in request:
@@ -177,11 +213,11 @@ def _config(request: dict, folder: Path) -> str:
 def _plan(config: str, request: dict) -> dict:
     plan = make_plan(
         config,
-        gpu=str(request.get("gpu", DEFAULTS["gpu"])),
-        tp=_int(request, "tp"),
-        max_model_len=_int(request, "max_model_len"),
-        gpu_memory_utilization=_float(request, "gpu_memory_utilization"),
-        kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"])),
+        gpu=_gpu(request),
+        tp=_tp(request),
+        max_model_len=_max_model_len(request),
+        gpu_memory_utilization=_utilization(request),
+        kv_cache_dtype=_kv_cache_dtype(request, KV_CACHE_DTYPES),
     )
     d = plan.to_dict()
     numbers = [
@@ -207,8 +243,7 @@ def _kv(config: str, request: dict) -> dict:
     tokens = _int(request, "context_tokens")
     if tokens < 1:
         raise ServebookError(f"context_tokens {tokens} is out of range; use a positive number of tokens")
-    layout = kv_cache_layout(spec, kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"])),
-                             tp=_int(request, "tp"))
+    layout = kv_cache_layout(spec, kv_cache_dtype=_kv_cache_dtype(request), tp=_tp(request))
     per_sequence = min_kv_bytes_for_one_request(layout, tokens, in_flight_tokens=0)
     numbers = [
         _number("kv_bytes_per_token", "KV per token (this GPU)", layout.kv_bytes_per_token,
@@ -230,9 +265,9 @@ def _chunk(config: str, request: dict) -> dict:
     from servebook.vllm_rules import check_tp
 
     spec = load_model_spec(config)
-    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
-    tp, seqs, context = _int(request, "tp"), _int(request, "max_num_seqs"), _int(request, "context_tokens")
-    target_ms, dtype = _float(request, "target_step_ms"), str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))
+    gpu = gpu_numbers(_gpu(request))
+    tp, seqs, context = _tp(request), _int(request, "max_num_seqs"), _int(request, "context_tokens")
+    target_ms, dtype = _float(request, "target_step_ms"), _kv_cache_dtype(request)
     check_tp(spec, tp)
     if seqs < 1 or context < 0 or not target_ms > 0:
         raise ServebookError("max_num_seqs must be >= 1, context_tokens >= 0 and target_step_ms > 0")
@@ -259,9 +294,9 @@ def _speculation(config: str, request: dict) -> dict:
     from servebook.vllm_rules import check_tp
 
     spec = load_model_spec(config)
-    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
-    tp, k, batch, context = (_int(request, key) for key in ("tp", "k", "batch", "context_tokens"))
-    alpha, dtype = _float(request, "acceptance"), str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))
+    gpu = gpu_numbers(_gpu(request))
+    tp, k, batch, context = _tp(request), *(_int(request, key) for key in ("k", "batch", "context_tokens"))
+    alpha, dtype = _float(request, "acceptance"), _kv_cache_dtype(request)
     check_tp(spec, tp)
     if not (0 <= alpha <= 1) or k < 1 or batch < 1 or context < 0:
         raise ServebookError("use k >= 1 draft tokens, an acceptance between 0 and 1, batch >= 1 and context_tokens >= 0")
@@ -283,9 +318,10 @@ def _speculation(config: str, request: dict) -> dict:
             "note": f"n-gram drafter (no GPU cost); step model {source}"}
 
 
-#: The fleet calculator's whole-number inputs and their lower bounds (as ``servebook fleet`` checks them).
-_FLEET_AT_LEAST = {"gpus": 1, "tp": 1, "requests": 1, "input_tokens": 1, "output_tokens": 1,
-                   "max_num_batched_tokens": 1}
+#: The fleet calculator's whole-number inputs and what they are (``servebook fleet`` checks its flags alike).
+_FLEET_AT_LEAST = {"gpus": "GPUs in the fleet", "tp": "tensor-parallel size", "requests": "requests in the job",
+                   "input_tokens": "mean prompt length in tokens", "output_tokens": "mean output length in tokens",
+                   "max_num_batched_tokens": "tokens per engine step"}
 
 
 def _fleet(config: str, request: dict) -> dict:
@@ -294,11 +330,11 @@ def _fleet(config: str, request: dict) -> dict:
     from servebook.perf.model import calibrated_coefficients
 
     values = {key: _int(request, key) for key in _FLEET_AT_LEAST}
-    for key, low in _FLEET_AT_LEAST.items():
-        if values[key] < low:
-            raise ServebookError(f"{key} {values[key]} is out of range; use a whole number >= {low}")
+    for key, what in _FLEET_AT_LEAST.items():
+        check_int(values[key], key, what)
+    dtype = _kv_cache_dtype(request)
     spec = load_model_spec(config)
-    gpu = gpu_numbers(str(request.get("gpu", DEFAULTS["gpu"])))
+    gpu = gpu_numbers(_gpu(request))
     coeffs, source = calibrated_coefficients(gpu.name)
     job = Workload(values["requests"], LengthDistribution.fixed(values["input_tokens"]),
                    LengthDistribution.fixed(values["output_tokens"]))
@@ -308,8 +344,7 @@ def _fleet(config: str, request: dict) -> dict:
                              "largest step, in tokens, that runs as a CUDA graph")
     p = plan(job, Deployment.of(spec, gpu=gpu, gpus=values["gpus"], name=spec.name, tp=values["tp"],
                              max_num_batched_tokens=values["max_num_batched_tokens"],
-                             cudagraph_max_tokens=graphs or None,
-                             kv_cache_dtype=str(request.get("kv_cache_dtype", DEFAULTS["kv_cache_dtype"]))), coeffs)
+                             cudagraph_max_tokens=graphs or None, kv_cache_dtype=dtype), coeffs)
     numbers = [
         _number("replicas", f"replicas of TP={p.tp}", p.replicas, f"{p.replicas:,}"),
         _number("batch", "decode batch per replica", p.batch, f"{p.batch:,} (KV cache holds {p.batch_kv_bound:,})"),

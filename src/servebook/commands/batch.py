@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from servebook.errors import ServebookError
+from servebook.validation import check_no_requests, check_not_blank, validate_batch_args
 
 
 def _engine_args(pairs: list[str]) -> dict:
@@ -134,9 +135,11 @@ def _read(args):
 
 
 def run_check(args) -> int:
+    validate_batch_args(args)
     from servebook.batch.requests import format_problems
 
     requests, problems = _read(args)
+    check_no_requests(len(requests) + len(problems), args.input)
     print(f"{len(requests)} valid requests, {len(problems)} problem lines")
     if problems:
         print(format_problems(problems, limit=1000))
@@ -167,6 +170,7 @@ def _vllm_engine(model: str, **engine_kwargs):
 
 def run_run(args, make_engine=_vllm_engine) -> int:
     """``batch run``; ``make_engine(model, **engine_kwargs)`` builds the engine (tests pass a fake)."""
+    validate_batch_args(args)
     from servebook.batch.driver import OrderOptions, run_batch
     from servebook.batch.requests import JsonlRequests
     from servebook.batch.shard import parse_shard, select_shard
@@ -174,6 +178,7 @@ def run_run(args, make_engine=_vllm_engine) -> int:
     # Read on demand: only offsets and ids stay in memory, whatever the prompts weigh.
     requests = JsonlRequests(args.input, default_max_tokens=args.max_tokens)
     problems = requests.problems
+    check_no_requests(len(requests) + len(problems), args.input)
     refuse_bad_input(problems, len(requests) + len(problems), args.input, args.skip_invalid)
     if args.shard:
         index, count = parse_shard(args.shard)
@@ -189,6 +194,7 @@ def run_run(args, make_engine=_vllm_engine) -> int:
 
 def run_ray(args) -> int:
     """``batch ray``: :func:`servebook.batch.ray_data.run_on_ray` (input checked before Ray starts)."""
+    validate_batch_args(args)
     from servebook.batch import ray_data
 
     summary = ray_data.run_on_ray(
@@ -203,6 +209,7 @@ def run_ray(args) -> int:
 
 
 def run_status(args) -> int:
+    validate_batch_args(args)
     from servebook.batch.shard import parse_shard, select_shard
     from servebook.batch.store import read_results
 
@@ -217,6 +224,7 @@ def run_status(args) -> int:
 
 
 def run_repair(args) -> int:
+    validate_batch_args(args)
     from servebook.batch.store import repair_torn_tail
 
     report = repair_torn_tail(args.output)
@@ -229,6 +237,8 @@ def run_repair(args) -> int:
 
 
 def run_shard(args) -> int:
+    validate_batch_args(args)
+    check_not_blank(args.input)
     from servebook.batch.shard import write_shards
 
     for path in write_shards(args.input, args.out_dir, args.shards):
@@ -237,6 +247,7 @@ def run_shard(args) -> int:
 
 
 def run_merge(args) -> int:
+    validate_batch_args(args)
     from servebook.batch.shard import merge_results
 
     requests, _ = _read(args)

@@ -96,6 +96,9 @@ def check_numbers(args) -> None:
 
 
 def run(args) -> int:
+    from servebook.validation import validate_fleet_args
+
+    validate_fleet_args(args)  # every flag, before any work
     from servebook.hf_config import load_model_spec
     from servebook.draft.fleet import compare_with_draft
     from servebook.perf.fleet import Deployment, LengthDistribution, Speculation, Workload, plan

@@ -124,6 +124,9 @@ def _table(plan: Plan) -> str:
 
 
 def run(args) -> int:
+    from servebook.validation import validate_plan_args
+
+    validate_plan_args(args)  # every flag, before any work
     plan = make_plan(
         args.config,
         gpu=args.gpu,

@@ -123,6 +123,9 @@ def _lengths(args):
 
 
 def run(args) -> int:
+    from servebook.validation import validate_simulate_args
+
+    validate_simulate_args(args)  # every flag, before any work
     plan = _plan(args)
     step_model, step_note = _step_model(args, plan)
     max_model_len = args.max_model_len or TOY_MAX_MODEL_LEN

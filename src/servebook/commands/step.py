@@ -39,6 +39,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from servebook.validation import validate_step_args
+
+    validate_step_args(args)  # every flag, before any work
     from servebook.hf_config import load_model_spec
     from servebook.perf.fleet import check_decode_fits
     from servebook.perf.gpu import gpu_numbers

@@ -303,6 +303,9 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
     spec, tp = d.spec, d.tp
     if d.gpus < 1:
         raise ServebookError(f"a fleet needs at least one GPU, got {d.gpus}")
+    if d.batch is not None and d.batch > d.max_num_seqs:
+        raise ServebookError(f"--batch {d.batch} is more than --max-num-seqs {d.max_num_seqs}: vLLM never runs more "
+                             "sequences at once; lower --batch or raise --max-num-seqs")
     if d.batch is not None and d.batch < 1:
         raise ServebookError(f"batch {d.batch} is not allowed; use at least 1 (or None: what the KV cache holds)")
     if d.price_per_gpu_hour is not None and d.price_per_gpu_hour < 0:

@@ -156,6 +156,10 @@ class Coefficients:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+#: The coefficients that are numbers (``gpu`` and ``source`` are text).
+_NUMERIC_COEFFICIENTS = frozenset(f.name for f in fields(Coefficients) if f.name not in ("gpu", "source"))
+
+
 def smoothmax(a, b, p: float):
     """``(a^p + b^p)^(1/p)``: equals max(a, b) as p grows, their sum at p = 1.
 
@@ -413,18 +417,56 @@ _DATA = Path(__file__).parent / "data"
 CALIBRATION_FILE = _DATA / "calibration.json"
 
 
+def _calibration_source(path) -> str:
+    """How a message names where the calibration path came from (what the reader changes)."""
+    if path:
+        return "--calibration"
+    if os.environ.get("SERVEBOOK_PERF_CALIBRATION"):
+        return "$SERVEBOOK_PERF_CALIBRATION"
+    return "the shipped calibration (reinstall servebook)"
+
+
 def load_calibration(path: str | Path | None = None) -> dict:
     """The calibration record (coefficients per GPU, split, held-out errors, provenance).
 
     ``path`` defaults to ``$SERVEBOOK_PERF_CALIBRATION`` if set, else the shipped file.
+
+    Raises:
+        ServebookError: the file is missing, a directory, not JSON, not a JSON object or has no
+            ``"coefficients"`` object; the message names the file and where its path came from.
     """
     p = Path(path or os.environ.get("SERVEBOOK_PERF_CALIBRATION") or CALIBRATION_FILE)
+    fix = (f"point {_calibration_source(path)} at a calibration record written by "
+           "`python -m servebook.perf.calibrate`")
     if not p.exists():
         raise ServebookError(
             f"no step-time calibration at {p}: record measurements under labs/results/step_timing/ "
             "and run `python -m servebook.perf.calibrate` (efficiencies are never assumed)"
         )
-    return json.loads(p.read_text())
+    if p.is_dir():
+        raise ServebookError(f"calibration file {p} is a directory; {fix} (a .json file)")
+    try:
+        record = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ServebookError(f"calibration file {p} is not valid JSON ({exc}); {fix}") from None
+    except OSError as exc:
+        raise ServebookError(f"cannot read calibration file {p}: {exc.strerror}; {fix}") from None
+    if not isinstance(record, dict):
+        raise ServebookError(f"calibration file {p} holds a JSON {type(record).__name__}, not an object with "
+                             f"\"coefficients\"; {fix}")
+    coefficients = record.get("coefficients")
+    if not isinstance(coefficients, dict) or not coefficients:
+        raise ServebookError(f"calibration file {p} has no \"coefficients\" object (one entry per GPU); {fix}")
+    for gpu, entry in coefficients.items():
+        if not isinstance(entry, dict):
+            raise ServebookError(f"calibration file {p}: coefficients for {gpu!r} are a JSON "
+                                 f"{type(entry).__name__}, not an object of named coefficients; {fix}")
+        bad = [k for k, v in entry.items() if k in _NUMERIC_COEFFICIENTS and v is not None
+               and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+        if bad:
+            raise ServebookError(f"calibration file {p}: coefficients for {gpu!r} are not numbers: "
+                                 f"{', '.join(sorted(bad))}; {fix}")
+    return record
 
 
 def canonical_gpu_name(name: str) -> str:
@@ -446,7 +488,14 @@ def calibrated_coefficients(gpu_name: str, path: str | Path | None = None) -> tu
     are used with the new GPU's peaks, and the note says so.
     """
     record = load_calibration(path)
-    per_gpu = {canonical_gpu_name(k): v for k, v in record["coefficients"].items()}
+    per_gpu = {}
+    for name, entry in record["coefficients"].items():
+        try:
+            per_gpu[canonical_gpu_name(name)] = entry
+        except ServebookError:
+            raise ServebookError(f"the calibration file's coefficients are for GPU {name!r}, which is not in the "
+                                 f"catalogue; name a GPU of servebook/data/gpus.toml there, or point "
+                                 f"{_calibration_source(path)} at another record") from None
     key = canonical_gpu_name(gpu_name)
     if key in per_gpu:
         return Coefficients.from_dict(per_gpu[key]), f"calibrated on {key}"

@@ -5,7 +5,8 @@ vLLM source it mirrors; paths are relative to the ``vllm`` package):
 
     cache        gpu_memory_utilization, block sizes, KV dtype bytes, the sliding-window holds
                  (booked at admission, held while running)
-    scheduler    batch defaults per GPU class, async scheduling, tokens in flight (engine and per request)
+    scheduler    batch defaults per GPU class, async scheduling, tokens in flight (engine and per request),
+                 the step budget's lower bound (max_num_seqs) and the long-prefill cap's upper bound
     parallel     tensor-parallel validity, KV heads per GPU
     compilation  the largest CUDA-graph capture size
     release      the vLLM releases the chapter describes (PINNED_VLLM) and the GPU labs ran (GPU_LAB_VLLM)
@@ -40,6 +41,7 @@ from servebook.vllm_rules.scheduler import (
     SMALL_GPU_BATCH_DEFAULTS,
     USAGE_CONTEXTS,
     check_batch_budget,
+    check_long_prefill_threshold,
     decode_unsettled_tokens,
     default_async_scheduling,
     in_flight_tokens,
@@ -51,7 +53,7 @@ __all__ = [
     "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
     "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KV_DTYPE_BYTES",
     "LARGE_GPU_BATCH_DEFAULTS", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE", "PINNED_VLLM", "SMALL_GPU_BATCH_DEFAULTS",
-    "USAGE_CONTEXTS", "check_batch_budget",
+    "USAGE_CONTEXTS", "check_batch_budget", "check_long_prefill_threshold",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
     "decode_unsettled_tokens", "default_async_scheduling", "default_block_size", "in_flight_tokens",
     "kv_dtype_bytes", "kv_heads_per_gpu", "max_concurrent_batches", "sliding_window_hold_tokens",

@@ -58,18 +58,6 @@ def vllm_batch_defaults(
     return tokens, seqs
 
 
-def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
-    """vLLM's rule that one step's token budget holds a token of every running sequence.
-
-    ``SchedulerConfig._verify_args`` (``config/scheduler.py``) refuses ``max_num_batched_tokens``
-    below ``max_num_seqs``. Tokens, sequences.
-    """
-    if max_num_batched_tokens < max_num_seqs:
-        raise ServebookError(f"--max-num-batched-tokens {max_num_batched_tokens} is below --max-num-seqs "
-                             f"{max_num_seqs}: vLLM requires max_num_batched_tokens >= max_num_seqs; raise "
-                             f"--max-num-batched-tokens to at least {max_num_seqs} or lower --max-num-seqs")
-
-
 def default_async_scheduling(device: str = "cuda") -> bool:
     """Whether 0.27.1 turns async scheduling on by default.
 
@@ -109,3 +97,32 @@ def decode_unsettled_tokens(async_scheduling: bool, query_tokens: int = 1) -> in
     Tokens; ``query_tokens`` is 1 + speculative tokens per step.
     """
     return max_concurrent_batches(async_scheduling) * query_tokens
+
+
+def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    """Raise unless ``max_num_batched_tokens >= max_num_seqs`` (tokens per step vs sequences).
+
+    vLLM 0.27.1 refuses to start otherwise: ``SchedulerConfig.verify_max_model_len``
+    (``config/scheduler.py``) raises ``max_num_batched_tokens (...) must be greater than or
+    equal to max_num_seqs (...)``; every running sequence needs at least one token of the
+    step's budget.
+    """
+    if max_num_batched_tokens < max_num_seqs:
+        raise ServebookError(
+            f"--max-num-batched-tokens {max_num_batched_tokens} is smaller than --max-num-seqs {max_num_seqs}: "
+            "vLLM refuses to start (every running sequence needs a token of the step's budget); "
+            f"raise --max-num-batched-tokens to at least {max_num_seqs} or lower --max-num-seqs"
+        )
+
+
+def check_long_prefill_threshold(long_prefill_token_threshold: int, max_model_len: int) -> None:
+    """Raise when ``long_prefill_token_threshold > max_model_len`` (both tokens).
+
+    vLLM 0.27.1, ``SchedulerConfig.verify_max_model_len`` (``config/scheduler.py``):
+    ``long_prefill_token_threshold (...) cannot be greater than the max_model_len (...)``.
+    """
+    if long_prefill_token_threshold > max_model_len:
+        raise ServebookError(
+            f"--long-prefill-token-threshold {long_prefill_token_threshold} is larger than --max-model-len "
+            f"{max_model_len}: vLLM refuses to start; use at most {max_model_len} tokens (0 turns the cap off)"
+        )
