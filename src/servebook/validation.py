@@ -253,6 +253,28 @@ def _arg(args, option: str):
     return getattr(args, option.replace("-", "_"), None)
 
 
+def _default_max_num_seqs(gpu_name, usage_context: str) -> int | None:
+    """vLLM's default ``max_num_seqs`` for the usage context (``serve``/``offline``) on a catalogue GPU."""
+    if not gpu_name:
+        return None
+    from servebook.hardware import get_gpu
+    from servebook.plan import USAGE_CONTEXTS
+    from servebook.vllm_rules import vllm_batch_defaults
+
+    gpu = get_gpu(gpu_name)
+    return vllm_batch_defaults(int(gpu.memory_bytes), gpu.name, usage_context=USAGE_CONTEXTS[usage_context])[1]
+
+
+def check_engine_batch(max_num_batched_tokens, max_num_seqs, default_max_num_seqs) -> None:
+    """vLLM's ``max_num_batched_tokens >= max_num_seqs``, where ``max_num_seqs`` may be left to vLLM's
+    default: a token budget alone below that default is refused as vLLM refuses it."""
+    if max_num_batched_tokens is None:
+        return
+    seqs = max_num_seqs if max_num_seqs is not None else default_max_num_seqs
+    if seqs is not None:
+        check_batch_budget(max_num_batched_tokens, seqs)
+
+
 def validate_fleet_args(args) -> None:
     """``servebook fleet``'s flags, before the model is read."""
     if args.compare_draft:
@@ -283,8 +305,8 @@ def validate_fleet_args(args) -> None:
         raise ServebookError(f"{given} describes speculative decoding, which is off without --spec-k; add --spec-k K "
                              f"(drafts per step, e.g. 4) or drop {given}")
     check_config_arg(args.draft_config, "--draft-config")
-    if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
-        check_batch_budget(args.max_num_batched_tokens, args.max_num_seqs)
+    check_engine_batch(args.max_num_batched_tokens, args.max_num_seqs,
+                       _default_max_num_seqs(args.gpu, getattr(args, "usage_context", "offline")))
     if args.batch is not None and args.max_num_seqs is not None and args.batch > args.max_num_seqs:
         raise ServebookError(f"--batch {args.batch} is more than --max-num-seqs {args.max_num_seqs}: vLLM never runs "
                              f"more sequences at once; lower --batch or raise --max-num-seqs")
@@ -327,9 +349,11 @@ def validate_simulate_args(args) -> None:
     check_seed(args.seed)
     if args.steps and not args.json:
         raise ServebookError("--steps adds the per-step trace to the JSON output; add --json (or drop --steps)")
-    if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
-        check_batch_budget(args.max_num_batched_tokens, args.max_num_seqs)   # else the plan checks what it resolves
-    from servebook.simulator.config import TOY_MAX_MODEL_LEN
+    from servebook.simulator.config import TOY_MAX_MODEL_LEN, SchedulerConfig
+
+    default_seqs = (_default_max_num_seqs(args.gpu, args.usage_context) if args.config and args.gpu
+                    else SchedulerConfig.max_num_seqs)
+    check_engine_batch(args.max_num_batched_tokens, args.max_num_seqs, default_seqs)
 
     check_long_prefill_threshold(args.long_prefill_token_threshold, args.max_model_len or TOY_MAX_MODEL_LEN)
     check_config_arg(args.config)
