@@ -128,9 +128,12 @@ def test_cudagraph_capture_size():
 
 
 HOMED = {"KV_DTYPE_BYTES", "DEFAULT_GPU_MEMORY_UTILIZATION", "CUDA_DEFAULT_BLOCK_SIZE", "CPU_DEFAULT_BLOCK_SIZE",
-         "DEFAULT_CUDAGRAPH_MAX_TOKENS", "LARGE_GPU_BYTES", "BLOCK_TOKENS", "SLIDING_KERNEL_BLOCK_SIZE"}
+         "DEFAULT_CUDAGRAPH_MAX_TOKENS", "LARGE_GPU_BYTES", "BLOCK_TOKENS", "SLIDING_KERNEL_BLOCK_SIZE",
+         "LARGE_GPU_BATCH_DEFAULTS", "SMALL_GPU_BATCH_DEFAULTS", "CPU_BATCH_DEFAULTS", "USAGE_CONTEXTS",
+         "PINNED_VLLM"}
 RULE_FUNCTIONS = {"check_tp", "check_tensor_parallel", "tp_splits_heads", "kv_heads_per_gpu", "vllm_batch_defaults",
-                  "default_block_size", "default_async_scheduling", "cudagraph_max_tokens", "check_utilization"}
+                  "default_block_size", "default_async_scheduling", "cudagraph_max_tokens", "check_utilization",
+                  "check_batch_budget", "check_long_prefill_threshold"}
 
 
 @pytest.mark.parametrize("path", [p for p in sorted(SRC.rglob("*.py")) if "vllm_rules" not in p.parts],

@@ -70,7 +70,7 @@ MAX_NUM_SEQS_FRACTION = 0.85
 KV_CACHE_DTYPES = ("auto", "fp8")
 #: How the engine is started, which sets vLLM's batch defaults: ``serve`` (``vllm serve``, usage
 #: context ``OPENAI_API_SERVER``) or ``offline`` (the ``LLM`` class, ``LLM_CLASS``).
-USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "offline": "LLM_CLASS"}
+USAGE_CONTEXT_FLAGS = {"serve": "OPENAI_API_SERVER", "offline": "LLM_CLASS"}
 #: The metrics to watch after setting ``--max-num-seqs`` (vllm_claims.toml checks both names).
 WATCH_METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions")
 #: One line on why the two concurrency figures differ.
@@ -99,7 +99,7 @@ class Plan:
     running: RunningConcurrency
     recommended_max_num_seqs: int
     coefficients_summary: str = ""
-    #: ``serve`` or ``offline`` (:data:`USAGE_CONTEXTS`): which of vLLM's batch defaults apply.
+    #: ``serve`` or ``offline`` (:data:`USAGE_CONTEXT_FLAGS`): which of vLLM's batch defaults apply.
     usage_context: str = "serve"
     #: the engine's ``--max-num-seqs``: the one given, else vLLM's default for the usage context
     #: and GPU (at most ``max_num_batched_tokens``, which vLLM requires). Sequences.
@@ -338,9 +338,9 @@ def make_plan(
     vLLM's, capped at the token budget). ``cudagraph_max_tokens``: the largest CUDA-graph step
     when not vLLM's (tokens).
     """
-    if usage_context not in USAGE_CONTEXTS:
+    if usage_context not in USAGE_CONTEXT_FLAGS:
         raise ServebookError(f"--usage-context {usage_context!r} is not known; use one of "
-                             f"{', '.join(USAGE_CONTEXTS)} (serve = vllm serve, offline = the LLM class)")
+                             f"{', '.join(USAGE_CONTEXT_FLAGS)} (serve = vllm serve, offline = the LLM class)")
     _positive("max-num-seqs", max_num_seqs)
     _positive("cudagraph-max-tokens", cudagraph_max_tokens)
     check_utilization(gpu_memory_utilization)
@@ -374,7 +374,7 @@ def make_plan(
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
     default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len,
-                                                       usage_context=USAGE_CONTEXTS[usage_context])
+                                                       usage_context=USAGE_CONTEXT_FLAGS[usage_context])
     tokens = max_num_batched_tokens or default_tokens
     if max_num_seqs is None:
         max_num_seqs = min(default_seqs, tokens)  # vLLM refuses a budget below max_num_seqs

@@ -258,11 +258,11 @@ def _default_max_num_seqs(gpu_name, usage_context: str) -> int | None:
     if not gpu_name:
         return None
     from servebook.hardware import get_gpu
-    from servebook.plan import USAGE_CONTEXTS
+    from servebook.plan import USAGE_CONTEXT_FLAGS
     from servebook.vllm_rules import vllm_batch_defaults
 
     gpu = get_gpu(gpu_name)
-    return vllm_batch_defaults(int(gpu.memory_bytes), gpu.name, usage_context=USAGE_CONTEXTS[usage_context])[1]
+    return vllm_batch_defaults(int(gpu.memory_bytes), gpu.name, usage_context=USAGE_CONTEXT_FLAGS[usage_context])[1]
 
 
 def check_engine_batch(max_num_batched_tokens, max_num_seqs, default_max_num_seqs) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from servebook.errors import ServebookError
-from servebook.plan import USAGE_CONTEXTS
+from servebook.plan import USAGE_CONTEXT_FLAGS
 from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
 
 
@@ -39,7 +39,7 @@ def register(sub) -> None:
                    help="default: vLLM's for the usage context and GPU (servebook plan's rule)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: the model's context, lowered to what the KV cache holds (a note says so)")
-    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="offline",
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="offline",
                    help="which of vLLM's batch defaults apply: offline (the LLM class, a batch job; default) "
                         "or serve (vllm serve)")
     p.add_argument("--kv-cache-dtype", default="auto")

@@ -24,7 +24,7 @@ from servebook.plan import (  # noqa: F401  (re-exported for callers of the old 
     FIGURES_NOTE,
     MAX_NUM_SEQS_FRACTION,
     WATCH_METRICS,
-    USAGE_CONTEXTS,
+    USAGE_CONTEXT_FLAGS,
     Plan,
     make_plan,
     recommended_max_num_seqs,
@@ -76,7 +76,7 @@ def register(sub) -> None:
                         "(default: all of --request-tokens)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="the engine's --max-num-seqs (default: vLLM's for the usage context and GPU)")
-    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="serve",
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="serve",
                    help="which of vLLM's batch defaults apply: serve (vllm serve; default) or offline (the LLM class)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearS
 from servebook.simulator.config import TOY_MAX_MODEL_LEN, scheduler_config
 from servebook.simulator.step_time import PerfStepTime, perf_step_time_for
 from servebook.simulator.workload import lognormal_lengths
-from servebook.plan import USAGE_CONTEXTS
+from servebook.plan import USAGE_CONTEXT_FLAGS
 
 #: KV blocks of the toy engine (no model, no GPU to size a pool from).
 TOY_NUM_BLOCKS = 4096
@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help=f"default: the toy engine's {TOY_MAX_MODEL_LEN} tokens (with --config too: a "
                         "simulation of the model's full context would hold few requests)")
-    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXTS), default="serve",
+    p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="serve",
                    help="with --config: which of vLLM's batch defaults apply (serve = vllm serve, "
                         "offline = the LLM class)")
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)

@@ -444,7 +444,7 @@ def decode_batch_limit(spec: ModelSpec, gpu, *, context_tokens: float, tp: int =
     The budget is the :class:`~servebook.plan.Plan`'s for ``vllm serve`` on this GPU (``None``
     engine arguments: vLLM's defaults, as ``servebook plan`` resolves them). Per-sequence bytes
     round the context up to whole 16-token blocks; sliding layers hold vLLM's run-time window
-    (:func:`servebook.perf.work.running_sliding_hold_tokens`).
+    (:func:`servebook.kv_cache.mean_running_bytes`).
     """
     from servebook.plan import make_plan_that_fits
 

@@ -35,7 +35,6 @@ from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.perf._arith import clip, maximum, where
 from servebook.reductions import as_floats, dot, is_number, pairwise_sum, require_numpy
 from servebook.vllm_rules.cache import kv_dtype_bytes as _kv_dtype_bytes
-from servebook.vllm_rules.cache import CUDA_DEFAULT_BLOCK_SIZE, sliding_window_hold_tokens, sliding_window_running_blocks
 from servebook.vllm_rules.scheduler import decode_unsettled_tokens
 from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu  # noqa: F401 (check_tp re-exported)
 
@@ -467,54 +466,38 @@ def _allreduce_bytes(spec: ModelSpec, t, tp: int):
     return t * spec.hidden_size * ACTIVATION_BYTES
 
 
-def running_sliding_hold_tokens(sliding_window: int) -> int:
-    """Token slots a sliding layer holds for one decoding sequence on CUDA (whole 16-token blocks).
-
-    The run-time hold of :func:`servebook.vllm_rules.cache.sliding_window_running_blocks` with
-    async scheduling (the CUDA default), times the block size: about the window plus one block.
-    """
-    unsettled = decode_unsettled_tokens(async_scheduling=True)
-    return sliding_window_running_blocks(sliding_window, CUDA_DEFAULT_BLOCK_SIZE, unsettled) * CUDA_DEFAULT_BLOCK_SIZE
-
-
 def kv_bytes_per_sequence(spec: ModelSpec, context_tokens, *, tp: int = 1,
                           kv_cache_dtype: str | int = "auto", sliding_extra_tokens: int = 0,
                           running: bool = False):
-    """KV bytes one GPU holds for one sequence of ``context_tokens`` tokens.
+    """KV bytes one GPU holds for one sequence of ``context_tokens`` tokens (a number, or an array).
 
-    Sliding layers hold at most ``window - 1 + sliding_extra_tokens`` tokens, vLLM's
-    admission booking (pass the in-flight tokens); with ``running=True`` they hold what a
-    decoding sequence keeps, :func:`running_sliding_hold_tokens` (blocks that left the
-    window are freed). Layers that reuse another layer's cache hold nothing. Block
-    rounding of full layers is ignored (:mod:`servebook.kv_cache` models vLLM's pages exactly).
+    The one home of this arithmetic is :mod:`servebook.kv_cache` (the model's KV layout): sliding
+    layers hold at most ``window - 1 + sliding_extra_tokens``, vLLM's admission booking (pass
+    the in-flight tokens, :func:`servebook.kv_cache.admission_bytes`); with ``running=True``
+    they hold what a decoding sequence keeps with async scheduling, the CUDA default
+    (:func:`servebook.kv_cache.mean_running_bytes`: blocks that left the window are freed).
+    Layers that reuse another layer's cache hold nothing. Block rounding of full layers is
+    ignored (:func:`servebook.kv_cache.capacity` counts vLLM's pages exactly).
     """
-    holds = sliding_holds(spec, sliding_extra_tokens, running=running)
-    if not is_number(context_tokens):
-        np = require_numpy("kv_bytes_per_sequence over arrays")
-        return _kv_bytes_per_sequence(spec, np.asarray(context_tokens, dtype=float), tp, kv_cache_dtype, holds,
-                                      np.minimum, np.zeros_like)
-    return _kv_bytes_per_sequence(spec, float(context_tokens), tp, kv_cache_dtype, holds, min, lambda c: 0.0)
+    from servebook.kv_cache import admission_bytes, kv_cache_layout, mean_running_bytes
 
+    from servebook.vllm_rules.cache import KV_DTYPE_BYTES
 
-def sliding_holds(spec: ModelSpec, sliding_extra_tokens: int = 0, running: bool = False) -> dict[int, int]:
-    """``{window: tokens}``: what a sliding layer of each window holds at most for one sequence
-    (``window - 1 + sliding_extra_tokens``, or with ``running`` :func:`running_sliding_hold_tokens`;
-    see :func:`kv_bytes_per_sequence`)."""
-    def hold(window: int) -> int:
-        return running_sliding_hold_tokens(window) if running else sliding_window_hold_tokens(window, sliding_extra_tokens)
+    dtype = kv_cache_dtype
+    if not isinstance(kv_cache_dtype, str):   # a byte count: the first dtype name of that width
+        kv_dtype_bytes(kv_cache_dtype)
+        dtype = next(name for name, size in KV_DTYPE_BYTES.items() if size == kv_cache_dtype)
+    layout = kv_cache_layout(spec, kv_cache_dtype=dtype, tp=tp)
 
-    return {layer.sliding_window: hold(layer.sliding_window) for layer in spec.layers if layer.sliding_window is not None}
+    def one(ctx: float) -> float:
+        if running:
+            return mean_running_bytes(layout, [ctx], [1.0], unsettled_tokens=decode_unsettled_tokens(True))
+        return admission_bytes(layout, ctx, in_flight_tokens=sliding_extra_tokens)
 
-
-def _kv_bytes_per_sequence(spec: ModelSpec, ctx, tp: int, kv_cache_dtype, holds: dict, minimum, zero):
-    """:func:`kv_bytes_per_sequence` of a float (``minimum=min``) or a float array (``np.minimum``)."""
-    dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
-    total = zero(ctx)
-    for layer in spec.layers:
-        if not layer.owns_cache:
-            continue
-        held = ctx if layer.sliding_window is None else minimum(ctx, holds[layer.sliding_window])
-        total = total + held * kv_elements_per_token_per_gpu(layer, tp) * dtype_bytes
-    return total
+    if is_number(context_tokens):
+        return one(float(context_tokens))
+    np = require_numpy("kv_bytes_per_sequence over arrays")
+    return np.array([one(float(c)) for c in np.asarray(context_tokens, dtype=float).ravel()]).reshape(
+        np.shape(context_tokens))
 
 
