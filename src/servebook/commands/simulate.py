@@ -51,8 +51,8 @@ def register(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="default: vLLM's for the usage context and GPU with --config; otherwise the toy engine's")
     p.add_argument("--max-model-len", type=int, default=None,
-                   help=f"default: the toy engine's {TOY_MAX_MODEL_LEN} tokens (with --config too: a "
-                        "simulation of the model's full context would hold few requests)")
+                   help="default: with --config the model's context (vLLM's default, as servebook plan); "
+                        f"otherwise the toy engine's {TOY_MAX_MODEL_LEN} tokens")
     p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="serve",
                    help="with --config: which of vLLM's batch defaults apply (serve = vllm serve, "
                         "offline = the LLM class)")
@@ -82,7 +82,7 @@ def _plan(args):
         return None
     from servebook.plan import make_plan
 
-    return make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len or TOY_MAX_MODEL_LEN,
+    return make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
                      kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                      max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                      gpu_memory_utilization=args.gpu_memory_utilization, usage_context=args.usage_context)
@@ -128,7 +128,8 @@ def run(args) -> int:
     validate_simulate_args(args)  # every flag, before any work
     plan = _plan(args)
     step_model, step_note = _step_model(args, plan)
-    max_model_len = args.max_model_len or TOY_MAX_MODEL_LEN
+    # the deployment's context (the model's, as servebook plan and vllm serve default to), else the toy engine's
+    max_model_len = plan.max_model_len if plan is not None else (args.max_model_len or TOY_MAX_MODEL_LEN)
     policy_fields = dict(long_prefill_token_threshold=args.long_prefill_token_threshold,
                          enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
                          reservation=args.reservation)

@@ -15,6 +15,7 @@ from servebook.errors import ServebookError
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.records import RESULTS_ENV, checkout_root, results_path
 from servebook.shipped import BENCH_DIR, STARTUP_LOGS_DIR
+from servebook.vllm_rules import CUDA_DEFAULT_BLOCK_SIZE, LARGE_GPU_BATCH_DEFAULTS
 
 GIB = 2**30
 
@@ -66,8 +67,9 @@ def naive_kv_kib_per_token(model: str, kv_cache_dtype: str = "auto") -> float:
 
 
 def kv_gib_per_sequence(model: str, context: int, kv_cache_dtype: str = "auto", tp: int = 1,
-                        max_num_batched_tokens: int = 8192) -> float:
-    """KV cache one ``context``-token request reserves on one GPU in vLLM 0.27.1 on CUDA, GiB.
+                        max_num_batched_tokens: int = LARGE_GPU_BATCH_DEFAULTS["OPENAI_API_SERVER"][0]) -> float:
+    """KV cache one ``context``-token request reserves on one GPU in vLLM 0.27.1 on CUDA, GiB (the token
+    budget defaults to ``vllm serve``'s on an H100 or H200).
 
     Uses vLLM's grouping, sliding-window reservation (async scheduling on: two steps of
     ``max_num_batched_tokens`` in flight), padding layers and TP sharding.
@@ -149,7 +151,7 @@ def default_max_num_batched_tokens(gpu: str, usage_context: str = "OPENAI_API_SE
 
 # --------------------------------------------------------------------- paging and batching (6.2, 6.3, 6.12)
 
-def paged_waste_tokens(tokens: int, block_size: int = 16) -> float:
+def paged_waste_tokens(tokens: int, block_size: int = CUDA_DEFAULT_BLOCK_SIZE) -> float:
     """Slots allocated but unused in a sequence's last block, tokens (at most ``block_size - 1``)."""
     if tokens < 1 or block_size < 1:
         raise ServebookError("tokens and block_size must be >= 1")
@@ -178,7 +180,7 @@ def requests_that_fit(num_blocks: int, block_size: int, tokens_per_request: int)
     return float(fit(int(num_blocks), int(tokens_per_request), int(block_size)))
 
 
-def prefix_cached_tokens(shared_prefix_tokens: int, block_size: int = 16) -> float:
+def prefix_cached_tokens(shared_prefix_tokens: int, block_size: int = CUDA_DEFAULT_BLOCK_SIZE) -> float:
     """Prompt tokens a prefix-cache hit can skip: only full blocks are cached and shared, tokens."""
     return (shared_prefix_tokens // block_size) * block_size
 

@@ -180,18 +180,24 @@ def best_k(spec: ModelSpec, gpu, coeffs: Coefficients, *, alpha: float, batch: i
 
 
 def k_schedule(spec: ModelSpec, gpu, coeffs: Coefficients, *, alpha: float, context_tokens: float,
-               max_num_seqs: int = 256, k_max: int = 8, drafter: Drafter = Drafter(), tp: int = 1,
+               max_num_seqs: int | None = None, k_max: int = 8, drafter: Drafter = Drafter(), tp: int = 1,
                kv_cache_dtype: str = "auto", batches=None) -> dict:
     """A per-batch-size draft-length schedule in vLLM 0.27.1's format.
 
     Evaluates :func:`best_k` at each batch in ``batches`` (default: powers of two up
-    to ``max_num_seqs``), assigns every batch size the ``k`` of the nearest
+    to ``max_num_seqs``, itself by default ``vllm serve``'s on ``gpu``), assigns every batch size the ``k`` of the nearest
     evaluated batch at or below it, and merges equal neighbours.
 
     Returns:
         ``{"num_speculative_tokens": K, "num_speculative_tokens_per_batch_size":
         [[start, end, k], ...]}`` - paste into ``--speculative-config``.
     """
+    if max_num_seqs is None:
+        from servebook.perf.gpu import gpu_numbers
+        from servebook.vllm_rules import vllm_batch_defaults
+
+        g = gpu_numbers(gpu)
+        max_num_seqs = vllm_batch_defaults(int(g.memory_bytes), g.name)[1]
     if max_num_seqs < 1:
         raise ServebookError("max_num_seqs must be >= 1")
     if batches is None:
