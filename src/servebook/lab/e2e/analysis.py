@@ -181,8 +181,10 @@ def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(_quantiles(cols["prompt_tokens"])),
                     LengthDistribution.from_samples(_quantiles(cols["output_tokens"])))
     d = Deployment.of(load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1, name=doc["model_id"],
-                   max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
-                   gpu_memory_utilization=float(flags["gpu_memory_utilization"]))
+                      max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
+                      gpu_memory_utilization=float(flags["gpu_memory_utilization"]),
+                      kv_cache_dtype=flags.get("kv_cache_dtype") or "auto",
+                      max_model_len=int(flags["max_model_len"]) if flags.get("max_model_len") else None)
     return finite_job_seconds(work, d, coeffs)
 
 
@@ -197,7 +199,7 @@ def _step_model(doc: dict, gpu: str):
     g = gpu_numbers(gpu)
     coeffs, _ = calibrated_coefficients(g.name)
     spec = load_model_spec(doc["config"], name=doc["model_id"])
-    return perf_step_time(spec, g, coeffs,
+    return perf_step_time(spec, g, coeffs, kv_cache_dtype=flags.get("kv_cache_dtype") or "auto",
                           cudagraph_max_tokens=cudagraph_max_tokens(int(flags["max_num_seqs"]),
                                                                     int(flags["max_num_batched_tokens"]),
                                                                     architecture=spec.architecture))
