@@ -116,8 +116,12 @@ def _table(plan: Plan) -> str:
     lines.append(f"  ({FIGURES_NOTE})")
     lines.append("")
     lines.append("Recommended")
-    ceiling = (f"vLLM's default {plan.max_num_seqs}" if plan.max_num_seqs == plan.default_max_num_seqs
-               else f"--max-num-seqs {plan.max_num_seqs}")
+    if plan.max_num_seqs == plan.default_max_num_seqs:
+        ceiling = f"vLLM's default {plan.max_num_seqs}"
+    elif plan.max_num_seqs == plan.max_num_batched_tokens:
+        ceiling = f"the token budget {plan.max_num_seqs}: vLLM needs max_num_batched_tokens >= max_num_seqs"
+    else:
+        ceiling = f"--max-num-seqs {plan.max_num_seqs}"
     lines.append(f"  --max-num-seqs {plan.recommended_max_num_seqs} ({MAX_NUM_SEQS_FRACTION:.0%} of the requests running at "
                  f"once, at most {ceiling}); vLLM admits on free blocks and preempts at "
                  f"the limit: watch {' and '.join(WATCH_METRICS)}")
