@@ -1185,7 +1185,7 @@ def test_6_22_the_kv_read_is_a_large_share_of_a_decode_step(ten_million):
 
     moe, _, options = ten_million
     best = options[(2, "fp8")]
-    w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2)
+    w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2, kv_cache_dtype="fp8")  # its layout
     weights = dense_weight_bytes_read(moe, 2) + float(expert_weight_bytes_read(moe, w.tokens, 2))
     assert w.kv_read_bytes > 0.5 * weights, "6.22 'the KV cache is a large share of those bytes' (KV read > half the weights)"
 
