@@ -8,6 +8,7 @@ worst case for the models fleet is fitted on and for those held out (``perf/data
 Issue 20's goal: held out, mean absolute error <= 10%, worst <= 20%.
 
     python benchmarks/fleet_vs_measured.py [--results DIR] [--split FILE] [--gpu h200] [--json]
+    python benchmarks/fleet_vs_measured.py --declared e2e_issue39     # jobs declared before they ran
 """
 from __future__ import annotations
 
@@ -22,6 +23,36 @@ def _pct(x, sign: str = "+") -> str:
     return "     -" if x is None else f"{100 * x:{sign}5.0f}%"
 
 
+def _declared(folder: str, gpu: str | None, as_json: bool) -> int:
+    """Print every declared job: servebook fleet's default answer (ramp and drain) against the measurement."""
+    import tomllib
+
+    from servebook.lab.e2e.analysis import declared_rows, declared_summary
+    from servebook.records import results_path
+
+    declaration = tomllib.loads(results_path(folder, "heldout.toml").read_text())
+    rows = declared_rows(declaration, e2e_results(folder=folder), gpu=gpu)
+    sums = {"held out": declared_summary(rows), "held out (stricter reading)": declared_summary(rows, strict=True),
+            "held out, steady state alone": declared_summary(rows, key="steady_error")}
+    if as_json:
+        print(json.dumps({"rows": rows, "summary": sums}))
+        return 0
+    print(f"{'record':36s} {'job':12s} {'declared':9s} {'strict':9s} {'meas s':>7s} {'fleet s':>7s} {'error':>6s} "
+          f"{'steady':>6s}")
+    for r in rows:
+        if not r["recorded"]:
+            print(f"{r['record']:36s} {r['job']:12s} {r['group']:9s} {r['strict_group']:9s}  not recorded")
+            continue
+        print(f"{r['record']:36s} {r['job']:12s} {r['group']:9s} {r['strict_group']:9s} {r['measured_s']:7.1f} "
+              f"{r['predicted_s']:7.1f} {_pct(r['error'])} {_pct(r['steady_error'])}")
+    for name, s in sums.items():
+        print(f"{name}: {s['jobs']} jobs, median |error| {_pct(s['median'], '')}, mean |error| {_pct(s['mae'], '')}, "
+              f"worst {_pct(s['worst'])}")
+    print("error = servebook fleet's default answer (the job with its ramp and drain) / measured output tokens/s - 1; "
+          "steady = the steady state alone (--steady-state)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", help="results folder (holding e2e/) or a folder of e2e_*.json files")
@@ -30,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows and summaries as JSON")
     ap.add_argument("--steps", action="store_true",
                     help="also: the simulator's replay of each job and its recorded steps priced one by one")
+    ap.add_argument("--declared", metavar="FOLDER",
+                    help="instead: the jobs a results folder's heldout.toml declared before they ran (e.g. "
+                         "e2e_issue39), each with its declared group, and the held-out summaries")
     args = ap.parse_args(argv)
+    if args.declared:
+        return _declared(args.declared, args.gpu, args.json)
     fitted = fitted_models(args.split)
     rows = [r for doc in e2e_results(args.results) for r in job_rows(doc, fitted=fitted, gpu=args.gpu, detail=args.steps or args.json)]
     groups = {g: summary([r for r in rows if r["group"] == g]) for g in ("fitted", "held out")}

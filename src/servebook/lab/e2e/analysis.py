@@ -361,3 +361,45 @@ def graph_regime_medians(doc: dict, job: dict, graph_max: int, *, min_decodes: i
             groups["eager"].append((measured, tokens))
     return {k: {"steps": len(v), "median_s": statistics.median(s for s, _ in v) if v else None,
                 "median_tokens": statistics.median(t for _, t in v) if v else None} for k, v in groups.items()}
+
+
+def declared_rows(declaration: dict, docs: list[dict], *, gpu: str | None = None) -> list[dict]:
+    """Every job a held-out declaration lists, priced as a reader would price it, with the declared groups.
+
+    ``declaration``: a ``heldout.toml`` read with :mod:`tomllib` (``[[job]]`` tables naming ``record``
+    (the file stem), ``job``, ``group`` and ``strict_group``, written before the jobs ran); ``docs``: the
+    records (:func:`servebook.records.e2e_results`). The prediction is ``servebook fleet``'s default
+    answer, the job with its ramp and drain (``error``: predicted / measured output tokens/s - 1); the
+    steady state alone (``servebook fleet --steady-state``) is ``steady_error``. A declared job without
+    its record gets ``recorded`` False and no errors: it is reported, never dropped.
+    """
+    by_record = {f"e2e_{d['model_id']}": d for d in docs}
+    rows, priced = [], {}
+    for declared in declaration["job"]:
+        doc = by_record.get(declared["record"])
+        row = {"record": declared["record"], "model": declared["model"], "kind": declared.get("kind", ""),
+               "job": declared["job"], "group": declared["group"], "strict_group": declared["strict_group"],
+               "recorded": False, "error": None, "steady_error": None}
+        if doc is not None:
+            if declared["record"] not in priced:
+                priced[declared["record"]] = {r["job"]: r for r in job_rows(doc, fitted=[], gpu=gpu, detail=True)}
+            measured = priced[declared["record"]].get(declared["job"])
+            if measured is not None:
+                row.update(recorded=True, measured_s=measured["measured_s"], predicted_s=measured["finite_s"],
+                           measured_tps=measured["measured_tps"], error=measured["finite_error"],
+                           steady_error=measured["error"], preemptions=measured["preemptions"],
+                           peak_running=measured["peak_running"])
+        rows.append(row)
+    return rows
+
+
+def declared_summary(rows: list[dict], *, strict: bool = False, key: str = "error") -> dict:
+    """``{"jobs", "median", "mae", "mean", "worst"}`` of ``key`` over the held-out rows of
+    :func:`declared_rows` (``strict``: under the declaration's stricter reading), relative errors."""
+    group = "strict_group" if strict else "group"
+    errs = [r[key] for r in rows if r[group] == "held out" and r.get(key) is not None]
+    if not errs:
+        return {"jobs": 0, "median": None, "mae": None, "mean": None, "worst": None}
+    return {"jobs": len(errs), "median": statistics.median(abs(e) for e in errs),
+            "mae": statistics.fmean(abs(e) for e in errs), "mean": statistics.fmean(errs),
+            "worst": max(errs, key=abs)}
