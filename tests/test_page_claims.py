@@ -1131,6 +1131,38 @@ def test_6_20_tp4_wins_on_the_logged_bound_four_replicas_on_what_runs():
     assert 4 * tp1.running.max_running > tp4.running.max_running, "6.20 'By what runs, the replicas hold more'"
 
 
+def test_6_20_each_global_kv_head_sits_on_two_gpus_at_tp4():
+    import json
+
+    from servebook.shipped import MODELS_DIR
+
+    config = json.loads((MODELS_DIR / "gemma-4-26b-a4b.json").read_text())
+    heads = config.get("text_config", config)["num_global_key_value_heads"]
+    tp = _drift_plan("gemma26b-h200-tp4-16k").tp
+    # vLLM replicates KV heads when TP exceeds them: each rank holds max(1, heads // tp) heads.
+    per_gpu = max(1, heads // tp)
+    assert (heads, tp, per_gpu, tp * per_gpu // heads) == (2, 4, 1, 2), \
+        "6.20 'at TP 4 each GPU holds 1 of them, so each head is stored on 2 GPUs'"
+    from servebook.vllm_rules.parallel import kv_heads_per_gpu
+
+    layer = next(l for l in _drift_plan("gemma26b-h200-tp4-16k").spec.layers if l.kind == "full")
+    assert kv_heads_per_gpu(layer, tp) == per_gpu, "6.20's glued heads per GPU follow vLLM's rule"
+
+
+def test_6_20_tp4_buys_the_time_to_first_token_of_a_full_prompt():
+    from servebook import calibrated_coefficients, get_gpu
+    from servebook.perf.model import prefill_request_s
+
+    coeffs, _ = calibrated_coefficients("H200")
+    ttft = {}
+    for tp in (4, 1):
+        p = _drift_plan("gemma26b-h200-tp4-16k", tp=tp)
+        ttft[tp] = prefill_request_s(p.spec, get_gpu("H200"), coeffs, prompt_tokens=15000,
+                                     max_num_batched_tokens=p.max_num_batched_tokens, tp=tp)
+    assert ttft[4] < 0.7 * ttft[1], \
+        f"6.20 'a full 15,000-token prompt prefills in about X s at TP 4 against Y s on one GPU' {ttft}"
+
+
 # ---- 6.21 The 30k deployment ----------------------------------------------------------------------------
 
 def test_6_21_doubling_the_context_does_not_halve_the_batch():
