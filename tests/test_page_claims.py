@@ -1228,6 +1228,57 @@ def test_6_22_the_kv_read_is_a_large_share_of_a_decode_step(ten_million):
     assert w.kv_read_bytes > 0.5 * weights, "6.22 'the KV cache is a large share of those bytes' (KV read > half the weights)"
 
 
+def test_6_22_the_mean_step_mixes_decode_only_steps_and_steps_carrying_a_prompt(ten_million):
+    import math
+
+    _, _, options = ten_million
+    best = options[(2, "fp8")]
+    # one token per sequence per step: a request decodes for 3,000 steps, so batch / 3,000 new prompts a step
+    prompts_per_step = best.batch / 3_000
+    assert best.prefill_tokens_per_step == pytest.approx(prompts_per_step * 12_000), \
+        "6.22 'each step carries N prompt tokens' (batch x 12,000 / 3,000)"
+    decode_only = math.exp(-prompts_per_step)  # Poisson arrivals: no new prompt in a step
+    assert 0.8 < decode_only < 0.9, "6.22 'N% of steps only decode' (most, not all)"
+    decode_only_s = best.decode_hours * 3600 / best.steps_per_replica
+    carry_s = (best.step_s - decode_only * decode_only_s) / (1 - decode_only)
+    assert decode_only_s < best.step_s < carry_s and carry_s > 3 * decode_only_s, \
+        "6.22 'No single step takes that long: ... only decode, in X ms; the other N% ... average Y ms'"
+
+
+def test_6_22_the_prompts_attention_is_hidden_under_the_decode_kv_read(ten_million):
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.work import decode_work, prefill_work
+
+    moe, _, options = ten_million
+    best = options[(2, "fp8")]
+    gpu = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    # roofline by hand: the prompt's attention FLOPs at the calibrated efficiency, the decode KV bytes at theirs
+    prompt_s = prefill_work(moe, 12_000, tp=2, kv_cache_dtype="fp8", last_chunk=True).attention_flops \
+        / (gpu.bf16_dense_flops * coeffs.attention_eff)
+    w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2, kv_cache_dtype="fp8")
+    kv_s = w.kv_read_bytes / (gpu.hbm_bandwidth_bytes_per_s * coeffs.kv_bandwidth_eff)
+    assert 0.5 * kv_s < prompt_s < kv_s * 1.5, \
+        "6.22 'Priced alone, a prompt's attention takes X ms; ... the decode tokens' KV read (Y ms per step)'"
+    hidden_h = 10_000_000 / best.replicas * prompt_s / 3600
+    counted_h = best.prefill_step_terms_s["attention_s"] * best.steps_per_replica / 3600
+    assert counted_h < 0.05 * hidden_h, \
+        "6.22 'attention N h ... the step model runs it under the decode tokens' KV read ... up to M h more'"
+
+
+def test_6_22_ngram_drafting_is_not_free_in_vllm(ten_million):
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    runtime = {e["name"]: e for e in tomllib.loads(VLLM_CLAIMS.read_text())["runtime_default"]}
+    assert "ngram" in runtime["n-gram drafting keeps the V1 model runner"]["source_literal"], \
+        "6.22/6.19 '\"method\": \"ngram\" ... keeps the V1 model runner' (a checked vLLM claim)"
+    text = (BOOK / "06-18-mtp-and-other-methods.md").read_text()
+    assert "`ngram` and `draft_model` included — turns it off" in text, \
+        "6.22 'turns asynchronous scheduling off' rests on 6.18's checked statement"
+
+
 def test_6_22_speculation_gains_less_at_the_large_batch(ten_million):
     from servebook.perf.fleet import Speculation
     from servebook.perf.speculative import Drafter
