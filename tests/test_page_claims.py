@@ -396,6 +396,17 @@ def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound
     assert pk.preemptions == 0, "6.7 'it ran N of them at the same time with no preemption'"
     assert pk.measured_running > 8 * pk.logged_admission, \
         "6.7 'for a model with sliding-window layers the logged figure is a floor, not the batch you will get'"
+    from servebook import capacity
+
+    args = g["engine_args"]
+    at_len = capacity(load_model_spec(g["config"]), int(g["startup"]["parsed"]["available_kv_cache_gib"] * GIB),
+                      max_model_len=pk.request_tokens, max_num_batched_tokens=args["max_num_batched_tokens"],
+                      async_scheduling=args.get("async_scheduling")).max_concurrency
+    # same pool, shorter limit: at most the length ratio more (sliding layers' window booking does not shrink)
+    assert pk.logged_admission < at_len <= pk.logged_admission * pk.max_model_len / pk.request_tokens * 1.01, \
+        "6.7 'For requests of 6,256 tokens the admission bound is N (what the engine would log with that limit)'"
+    assert pk.measured_running > 3 * at_len, \
+        "6.7: in the job's own frame the engine still ran several times the admission bound"
 
 
 # ---- 6.8 --kv-cache-dtype -------------------------------------------------------------------------------
