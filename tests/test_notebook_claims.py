@@ -534,6 +534,27 @@ def test_chunk_budget_no_tp_size_in_a_node_reaches_4000_tokens(chunk_h100):
     assert fit[1][0] < ceiling
 
 
+def test_chunk_budget_rows_from_tp2_stop_at_the_cuda_graph_limit_not_at_tp_scaling(chunk_h100):
+    """"From tp=2 up, the rows stop at the same size ... the largest step vLLM captures in a CUDA graph by
+    default. One token more and the step runs without a graph ... that alone takes longer than the target";
+    "Captured up to larger sizes ... the budget grows with the tensor-parallel size, yet even tp=8 falls well
+    short"."""
+    from servebook.perf.chunk_budget import mixed_step_s
+
+    dense, h100, coeffs = chunk_h100
+    graph_max = 512  # vLLM 0.27.1's default max_cudagraph_capture_size for these settings (section 6.13)
+    rows = {tp: prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp) for tp in (2, 4, 8)}
+    assert set(rows.values()) == {graph_max}, f"'From tp=2 up, the rows stop at the same size' {rows}"
+    for tp in (2, 8):
+        assert mixed_step_s(dense, h100, coeffs, prefill_tokens=graph_max, tp=tp) < CHUNK_TARGET_S \
+            < mixed_step_s(dense, h100, coeffs, prefill_tokens=graph_max + 1, tp=tp), \
+            f"'One token more and the step runs without a graph ... longer than the target' (tp={tp})"
+    graphed = {tp: prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp,
+                                         cudagraph_max_tokens=16384) for tp in (1, 2, 4, 8)}
+    assert graphed[1] < graphed[2] < graphed[4] < graphed[8] < 4000 and graphed[8] > 2 * graph_max, \
+        f"'the budget grows with the tensor-parallel size, yet even tp=8 falls well short' {graphed}"
+
+
 def test_chunk_budget_recommendation_obeys_its_target_and_is_a_power_of_two(chunk_h100):
     """"rounded down to a power of two so the target still holds"."""
     dense, h100, coeffs = chunk_h100

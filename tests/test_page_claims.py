@@ -1523,6 +1523,12 @@ def test_appendix_a_50ms_step_of_a_31b_on_an_h100_holds_under_4000_prompt_tokens
     fit = prefill_tokens_within(load_model_spec(GEMMA4_31B.reference_id), h100, calibrated_coefficients(h100.name)[0],
                                 target_step_s=0.050, tp=8)
     assert fit < 4000, "appendix: the draft's '\"very roughly 4,000-8,000\" prompt tokens' is wrong even at TP 8"
+    graphed = prefill_tokens_within(load_model_spec(GEMMA4_31B.reference_id), h100,
+                                    calibrated_coefficients(h100.name)[0], target_step_s=0.050, tp=8,
+                                    cudagraph_max_tokens=16384)
+    assert fit == 512 < graphed < 4000, \
+        "appendix: 'from TP 2 up, 512, vLLM's largest CUDA-graph step by default ...; with graphs up to " \
+        "16,384 tokens, N at TP 8' (still under 4,000)"
 
 
 def test_appendix_when_max_num_seqs_binds_nothing_is_admitted():
