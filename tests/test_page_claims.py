@@ -521,6 +521,17 @@ def test_6_9_a_hybrid_model_runs_several_times_its_logged_figure():
         "6.9 'Gemma 4 31B on one H200 at 16,384 logs X but runs N full-length requests at once'"
 
 
+def test_6_9_a_hybrid_below_its_run_time_figure_is_not_safe_from_preemption():
+    g = make_plan("gemma-4-31b", gpu="H200", max_model_len=16384)
+    run = g.running
+    # a request being admitted needs its whole prompt in every group, sliding ones too: more than it
+    # holds once it decodes (window + one block per sliding layer)
+    assert run.admission_blocks > run.blocks_per_request, \
+        "6.9 step 2: 'a prefill holds its window plus its whole chunk in the sliding layers'"
+    assert g.capacity.max_concurrency < g.recommended_max_num_seqs < run.max_running, \
+        "6.9: 'only the logged admission bound gives that guarantee'; servebook's margin lies between the two"
+
+
 def test_6_9_simulated_sweep_twice_the_ceiling_is_clean_four_times_is_fastest():
     blocks, bs, length = 2048, 16, 2048
     ceiling = blocks // -(-length // bs)
