@@ -224,3 +224,23 @@ def test_glue_check_catches_a_typo(tmp_path):
                     "glue('a', 1.0, display=False)\n```\n\n{glue:text}`a:.1f` and {glue:text}`b:.1f`.\n")
     quoted, glued = glued_names_of(page)
     assert quoted == {"a", "b"} and glued == {"a"}
+
+
+def test_index_names_the_gpus_the_labs_ran_on():
+    """index.md: 'vLLM 0.26.0 on NVIDIA H200 GPUs (one GPU per lab, two for Lab 9 ...)'."""
+    import json
+
+    from servebook.records import results_path
+
+    counts = {}
+    for path in sorted(results_path("labs").glob("l*_gpu.json")):
+        doc = json.loads(path.read_text())
+        assert doc["gpu"]["name"] == "NVIDIA H200", f"index.md 'NVIDIA H200 GPUs': {path.name}"
+        assert doc["vllm_version"] == "0.26.0", f"index.md 'vLLM 0.26.0': {path.name}"
+        counts[path.name] = (doc["lab"], doc["gpu"]["count"])
+    by_lab = {}
+    for lab, count in counts.values():
+        by_lab.setdefault(str(lab), set()).add(count)
+    lab9 = [k for k in by_lab if k.startswith("l9_")]
+    assert lab9 and all(by_lab[k] == {2} for k in lab9), f"index.md 'two for Lab 9': {by_lab}"
+    assert all(v == {1} for k, v in by_lab.items() if k not in lab9), f"index.md 'one GPU per lab': {by_lab}"

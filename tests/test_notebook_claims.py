@@ -487,9 +487,14 @@ def test_moe_vs_dense_decode_lead_shrinks_and_prefill_lead_stays(moe_dense):
     parameters decides (over 3x); memory: total parameters decide."""
     moe, dense, gpu, coeffs = moe_dense
     ctx = 4096
-    fits = min(make_plan(m.name, gpu="H200", max_model_len=ctx).capacity.max_concurrency
-               for m in (moe, dense))
-    batches = [b for b in MOE_BATCHES if b <= fits]
+    plans = {m.name: make_plan(m.name, gpu="H200", max_model_len=ctx) for m in (moe, dense)}
+    top = min(p.running.max_running for p in plans.values())
+    assert top == plans[dense.name].running.max_running > plans[dense.name].capacity.max_concurrency, \
+        "'The batches stop at the number of full-length requests the 31B runs at once at this context ..., " \
+        "not at the smaller admission bound its start-up log prints'"
+    batches = [b for b in MOE_BATCHES if b < top] + [top]
+    assert batches[-1] > 3 * plans[dense.name].capacity.max_concurrency, \
+        "the notebook's decode batches reach past the logged bound (6.15: what runs, not what is logged)"
     ratio = [decode_step(dense, gpu, coeffs, batch=b, context_tokens=ctx).step_s
              / decode_step(moe, gpu, coeffs, batch=b, context_tokens=ctx).step_s for b in batches]
     assert all(r > 1 for r in ratio) and min(ratio) < ratio[0]
@@ -532,6 +537,27 @@ def test_chunk_budget_no_tp_size_in_a_node_reaches_4000_tokens(chunk_h100):
     assert max(alone for alone, _ in fit.values()) < 4000
     ceiling = CHUNK_TARGET_S * h100.bf16_dense_flops / (2 * dense.params.active)
     assert fit[1][0] < ceiling
+
+
+def test_chunk_budget_rows_from_tp2_stop_at_the_cuda_graph_limit_not_at_tp_scaling(chunk_h100):
+    """"From tp=2 up, the rows stop at the same size ... the largest step vLLM captures in a CUDA graph by
+    default. One token more and the step runs without a graph ... that alone takes longer than the target";
+    "Captured up to larger sizes ... the budget grows with the tensor-parallel size, yet even tp=8 falls well
+    short"."""
+    from servebook.perf.chunk_budget import mixed_step_s
+
+    dense, h100, coeffs = chunk_h100
+    graph_max = 512  # vLLM 0.27.1's default max_cudagraph_capture_size for these settings (section 6.13)
+    rows = {tp: prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp) for tp in (2, 4, 8)}
+    assert set(rows.values()) == {graph_max}, f"'From tp=2 up, the rows stop at the same size' {rows}"
+    for tp in (2, 8):
+        assert mixed_step_s(dense, h100, coeffs, prefill_tokens=graph_max, tp=tp) < CHUNK_TARGET_S \
+            < mixed_step_s(dense, h100, coeffs, prefill_tokens=graph_max + 1, tp=tp), \
+            f"'One token more and the step runs without a graph ... longer than the target' (tp={tp})"
+    graphed = {tp: prefill_tokens_within(dense, h100, coeffs, target_step_s=CHUNK_TARGET_S, tp=tp,
+                                         cudagraph_max_tokens=16384) for tp in (1, 2, 4, 8)}
+    assert graphed[1] < graphed[2] < graphed[4] < graphed[8] < 4000 and graphed[8] > 2 * graph_max, \
+        f"'the budget grows with the tensor-parallel size, yet even tp=8 falls well short' {graphed}"
 
 
 def test_chunk_budget_recommendation_obeys_its_target_and_is_a_power_of_two(chunk_h100):

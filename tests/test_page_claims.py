@@ -396,6 +396,17 @@ def test_6_7_the_h200_gemma3_engine_ran_the_run_time_figure_not_the_logged_bound
     assert pk.preemptions == 0, "6.7 'it ran N of them at the same time with no preemption'"
     assert pk.measured_running > 8 * pk.logged_admission, \
         "6.7 'for a model with sliding-window layers the logged figure is a floor, not the batch you will get'"
+    from servebook import capacity
+
+    args = g["engine_args"]
+    at_len = capacity(load_model_spec(g["config"]), int(g["startup"]["parsed"]["available_kv_cache_gib"] * GIB),
+                      max_model_len=pk.request_tokens, max_num_batched_tokens=args["max_num_batched_tokens"],
+                      async_scheduling=args.get("async_scheduling")).max_concurrency
+    # same pool, shorter limit: at most the length ratio more (sliding layers' window booking does not shrink)
+    assert pk.logged_admission < at_len <= pk.logged_admission * pk.max_model_len / pk.request_tokens * 1.01, \
+        "6.7 'For requests of 6,256 tokens the admission bound is N (what the engine would log with that limit)'"
+    assert pk.measured_running > 3 * at_len, \
+        "6.7: in the job's own frame the engine still ran several times the admission bound"
 
 
 # ---- 6.8 --kv-cache-dtype -------------------------------------------------------------------------------
@@ -510,6 +521,17 @@ def test_6_9_a_hybrid_model_runs_several_times_its_logged_figure():
         "6.9 'Gemma 4 31B on one H200 at 16,384 logs X but runs N full-length requests at once'"
 
 
+def test_6_9_a_hybrid_below_its_run_time_figure_is_not_safe_from_preemption():
+    g = make_plan("gemma-4-31b", gpu="H200", max_model_len=16384)
+    run = g.running
+    # a request being admitted needs its whole prompt in every group, sliding ones too: more than it
+    # holds once it decodes (window + one block per sliding layer)
+    assert run.admission_blocks > run.blocks_per_request, \
+        "6.9 step 2: 'a prefill holds its window plus its whole chunk in the sliding layers'"
+    assert g.capacity.max_concurrency < g.recommended_max_num_seqs < run.max_running, \
+        "6.9: 'only the logged admission bound gives that guarantee'; servebook's margin lies between the two"
+
+
 def test_6_9_simulated_sweep_twice_the_ceiling_is_clean_four_times_is_fastest():
     blocks, bs, length = 2048, 16, 2048
     ceiling = blocks // -(-length // bs)
@@ -545,9 +567,15 @@ def test_6_9_lab_3_the_preemption_knee_lies_between_the_clean_cap_and_the_first_
     assert first_preempting(m["points"]) == hi and lo < knee < hi, \
         "6.9 'The first preempting cap and the last clean one bracket the K of the block arithmetic'"
     assert at[hi]["output_throughput"] / at[lo]["output_throughput"] > 1.2, \
-        "6.9 'Just past it, preemptions bought throughput' (128 produced Nx the output throughput of 48)"
+        "6.9 'Just past it, throughput rose despite the preemptions' (128 produced Nx the output throughput of 48)"
     assert at[top]["output_throughput"] / at[hi]["output_throughput"] < 0.95, \
-        "6.9 'at twice that cap the recomputation cost more than the larger batch gained'"
+        "6.9 'at N it preempted M times and produced Fx the throughput of 128' (a loss)"
+    assert at[top]["preemptions"] == at[hi]["preemptions"], \
+        "6.9 'At twice that cap the engine preempted exactly as often, so more recomputation is not why'"
+    assert at[top]["mean_tpot_ms"] > at[hi]["mean_tpot_ms"], \
+        "6.9 'its mean time per output token rose from X to Y ms'"
+    assert doc["engine_args"].get("enforce_eager") is True, \
+        "6.9 'with --enforce-eager, so without CUDA graphs'"
 
 
 # ---- 6.10 --max-num-batched-tokens ----------------------------------------------------------------------
@@ -1125,6 +1153,38 @@ def test_6_20_tp4_wins_on_the_logged_bound_four_replicas_on_what_runs():
     assert 4 * tp1.running.max_running > tp4.running.max_running, "6.20 'By what runs, the replicas hold more'"
 
 
+def test_6_20_each_global_kv_head_sits_on_two_gpus_at_tp4():
+    import json
+
+    from servebook.shipped import MODELS_DIR
+
+    config = json.loads((MODELS_DIR / "gemma-4-26b-a4b.json").read_text())
+    heads = config.get("text_config", config)["num_global_key_value_heads"]
+    tp = _drift_plan("gemma26b-h200-tp4-16k").tp
+    # vLLM replicates KV heads when TP exceeds them: each rank holds max(1, heads // tp) heads.
+    per_gpu = max(1, heads // tp)
+    assert (heads, tp, per_gpu, tp * per_gpu // heads) == (2, 4, 1, 2), \
+        "6.20 'at TP 4 each GPU holds 1 of them, so each head is stored on 2 GPUs'"
+    from servebook.vllm_rules.parallel import kv_heads_per_gpu
+
+    layer = next(l for l in _drift_plan("gemma26b-h200-tp4-16k").spec.layers if l.kind == "full")
+    assert kv_heads_per_gpu(layer, tp) == per_gpu, "6.20's glued heads per GPU follow vLLM's rule"
+
+
+def test_6_20_tp4_buys_the_time_to_first_token_of_a_full_prompt():
+    from servebook import calibrated_coefficients, get_gpu
+    from servebook.perf.model import prefill_request_s
+
+    coeffs, _ = calibrated_coefficients("H200")
+    ttft = {}
+    for tp in (4, 1):
+        p = _drift_plan("gemma26b-h200-tp4-16k", tp=tp)
+        ttft[tp] = prefill_request_s(p.spec, get_gpu("H200"), coeffs, prompt_tokens=15000,
+                                     max_num_batched_tokens=p.max_num_batched_tokens, tp=tp)
+    assert ttft[4] < 0.7 * ttft[1], \
+        f"6.20 'a full 15,000-token prompt prefills in about X s at TP 4 against Y s on one GPU' {ttft}"
+
+
 # ---- 6.21 The 30k deployment ----------------------------------------------------------------------------
 
 def test_6_21_doubling_the_context_does_not_halve_the_batch():
@@ -1188,6 +1248,57 @@ def test_6_22_the_kv_read_is_a_large_share_of_a_decode_step(ten_million):
     w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2, kv_cache_dtype="fp8")  # its layout
     weights = dense_weight_bytes_read(moe, 2) + float(expert_weight_bytes_read(moe, w.tokens, 2))
     assert w.kv_read_bytes > 0.5 * weights, "6.22 'the KV cache is a large share of those bytes' (KV read > half the weights)"
+
+
+def test_6_22_the_mean_step_mixes_decode_only_steps_and_steps_carrying_a_prompt(ten_million):
+    import math
+
+    _, _, options = ten_million
+    best = options[(2, "fp8")]
+    # one token per sequence per step: a request decodes for 3,000 steps, so batch / 3,000 new prompts a step
+    prompts_per_step = best.batch / 3_000
+    assert best.prefill_tokens_per_step == pytest.approx(prompts_per_step * 12_000), \
+        "6.22 'each step carries N prompt tokens' (batch x 12,000 / 3,000)"
+    decode_only = math.exp(-prompts_per_step)  # Poisson arrivals: no new prompt in a step
+    assert 0.8 < decode_only < 0.9, "6.22 'N% of steps only decode' (most, not all)"
+    decode_only_s = best.decode_hours * 3600 / best.steps_per_replica
+    carry_s = (best.step_s - decode_only * decode_only_s) / (1 - decode_only)
+    assert decode_only_s < best.step_s < carry_s and carry_s > 3 * decode_only_s, \
+        "6.22 'No single step takes that long: ... only decode, in X ms; the other N% ... average Y ms'"
+
+
+def test_6_22_the_prompts_attention_is_hidden_under_the_decode_kv_read(ten_million):
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.work import decode_work, prefill_work
+
+    moe, _, options = ten_million
+    best = options[(2, "fp8")]
+    gpu = gpu_numbers("h100")
+    coeffs, _ = calibrated_coefficients(gpu.name)
+    # roofline by hand: the prompt's attention FLOPs at the calibrated efficiency, the decode KV bytes at theirs
+    prompt_s = prefill_work(moe, 12_000, tp=2, kv_cache_dtype="fp8", last_chunk=True).attention_flops \
+        / (gpu.bf16_dense_flops * coeffs.attention_eff)
+    w = decode_work(moe, best.batch, best.mean_running_context_tokens, tp=2, kv_cache_dtype="fp8")
+    kv_s = w.kv_read_bytes / (gpu.hbm_bandwidth_bytes_per_s * coeffs.kv_bandwidth_eff)
+    assert 0.5 * kv_s < prompt_s < kv_s * 1.5, \
+        "6.22 'Priced alone, a prompt's attention takes X ms; ... the decode tokens' KV read (Y ms per step)'"
+    hidden_h = 10_000_000 / best.replicas * prompt_s / 3600
+    counted_h = best.prefill_step_terms_s["attention_s"] * best.steps_per_replica / 3600
+    assert counted_h < 0.05 * hidden_h, \
+        "6.22 'attention N h ... the step model runs it under the decode tokens' KV read ... up to M h more'"
+
+
+def test_6_22_ngram_drafting_is_not_free_in_vllm(ten_million):
+    import tomllib
+
+    from servebook.shipped import VLLM_CLAIMS
+
+    runtime = {e["name"]: e for e in tomllib.loads(VLLM_CLAIMS.read_text())["runtime_default"]}
+    assert "ngram" in runtime["n-gram drafting keeps the V1 model runner"]["source_literal"], \
+        "6.22/6.19 '\"method\": \"ngram\" ... keeps the V1 model runner' (a checked vLLM claim)"
+    text = (BOOK / "06-18-mtp-and-other-methods.md").read_text()
+    assert "`ngram` and `draft_model` included — turns it off" in text, \
+        "6.22 'turns asynchronous scheduling off' rests on 6.18's checked statement"
 
 
 def test_6_22_speculation_gains_less_at_the_large_batch(ten_million):
@@ -1423,6 +1534,12 @@ def test_appendix_a_50ms_step_of_a_31b_on_an_h100_holds_under_4000_prompt_tokens
     fit = prefill_tokens_within(load_model_spec(GEMMA4_31B.reference_id), h100, calibrated_coefficients(h100.name)[0],
                                 target_step_s=0.050, tp=8)
     assert fit < 4000, "appendix: the draft's '\"very roughly 4,000-8,000\" prompt tokens' is wrong even at TP 8"
+    graphed = prefill_tokens_within(load_model_spec(GEMMA4_31B.reference_id), h100,
+                                    calibrated_coefficients(h100.name)[0], target_step_s=0.050, tp=8,
+                                    cudagraph_max_tokens=16384)
+    assert fit == 512 < graphed < 4000, \
+        "appendix: 'from TP 2 up, 512, vLLM's largest CUDA-graph step by default ...; with graphs up to " \
+        "16,384 tokens, N at TP 8' (still under 4,000)"
 
 
 def test_appendix_when_max_num_seqs_binds_nothing_is_admitted():
@@ -1445,8 +1562,8 @@ def test_appendix_the_drafts_tokens_per_step_need_the_acceptance_it_quotes():
 # ---- 6.13: what a step costs outside the full graph (Llama-3.1-8B's long-output job on the H200) -----
 
 def test_6_13_piecewise_and_eager_steps_cost_more_than_the_full_graph_and_eager_is_flat():
-    """6.13: "A decode-only step took X ms. ... piecewise graphs: Y ms ... no graph at all: Z ms, whatever the
-    size up to about 2,000 tokens": X < Y < Z with clear gaps, and the eager steps' median is flat in size."""
+    """6.13: "A decode-only step took X ms. ... piecewise graphs: Y ms ... no graph at all: Z ms, about the same
+    whatever the size": X < Y < Z with clear gaps, and the eager steps' median is flat in size."""
     from servebook.lab.e2e.analysis import graph_regime_medians
     from servebook.records import e2e_results
     from servebook.vllm_rules import cudagraph_max_tokens
@@ -1459,6 +1576,12 @@ def test_6_13_piecewise_and_eager_steps_cost_more_than_the_full_graph_and_eager_
     assert r["eager"]["median_s"] > 1.5 * r["piecewise"]["median_s"]
     small = graph_regime_medians(llama, job, 512, eager_max_tokens=768)["eager"]
     assert small["steps"] >= 30 and abs(small["median_s"] / r["eager"]["median_s"] - 1) < 0.1
+    big = graph_regime_medians(llama, job, 768, eager_max_tokens=2048)["eager"]
+    assert big["steps"] >= 10 and abs(big["median_s"] / small["median_s"] - 1) < 0.1, \
+        "6.13 'about the same whatever the size': steps above 768 tokens cost what steps below it do"
+    few = graph_regime_medians(llama, job, 1000, eager_max_tokens=2048)["eager"]["steps"]
+    assert 0 < few < 0.1 * r["eager"]["steps"], \
+        "6.13 'all but N of them at or below 1,000 tokens ... how far past that ... this run does not show'"
 
 
 def test_6_13_gpt_oss_captures_graphs_up_to_1024_tokens():

@@ -34,9 +34,12 @@ def mixed_step_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prefill_tokens: 
 
 def prefill_tokens_within(spec: ModelSpec, gpu, coeffs: Coefficients, *, target_step_s: float,
                           decode_batch: int = 0, decode_context_tokens: float = 0.0, prior_tokens: int = 0,
-                          tp: int = 1, kv_cache_dtype: str = "auto", limit_tokens: int = 1 << 20) -> int:
+                          tp: int = 1, kv_cache_dtype: str = "auto", limit_tokens: int = 1 << 20,
+                          cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> int:
     """Largest prefill chunk (tokens) whose step, with the given decode batch, takes <= ``target_step_s``.
 
+    Steps above ``cudagraph_max_tokens`` (vLLM's default largest CUDA graph, 512 tokens) run eagerly;
+    where that eager step alone exceeds the target, the answer stops at the graph size whatever the TP.
     Returns 0 when the decode batch alone already exceeds the target.
     """
     check_tp(spec, tp)
@@ -48,7 +51,7 @@ def prefill_tokens_within(spec: ModelSpec, gpu, coeffs: Coefficients, *, target_
             return True
         return mixed_step_s(spec, gpu, coeffs, prefill_tokens=n, decode_batch=decode_batch,
                             decode_context_tokens=decode_context_tokens, prior_tokens=prior_tokens, tp=tp,
-                            kv_cache_dtype=kv_cache_dtype) <= target_step_s
+                            kv_cache_dtype=kv_cache_dtype, cudagraph_max_tokens=cudagraph_max_tokens) <= target_step_s
 
     if not fits(1 if decode_batch == 0 else 0):
         return 0
