@@ -194,7 +194,8 @@ def run_checker(claims_path: Path, *, python: str | None, source: str | None, co
 
 def _first_line(message: str) -> str:
     """A failure's telling line: its first, or for a traceback its last exception line."""
-    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    # pytest prefixes a failure's report lines with "E"
+    lines = [re.sub(r"^E\s+", "", ln.strip()) for ln in message.strip().splitlines() if ln.strip()]
     if not lines:
         return ""
     if "Traceback" in lines[0]:
@@ -215,7 +216,8 @@ def engine_tests(junit_xml: str) -> dict:
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-            failures[name] = _first_line(bad.get("message") or "")
+            # pytest's message is the failure's first line; for a traceback, read the whole report
+            failures[name] = _first_line((bad.get("message") or "") + "\n" + (bad.text or ""))
     return {"tests": int(suite.get("tests", 0)), "failed": len(failures),
             "seconds": round(float(suite.get("time", 0)), 1), "failures": failures}
 
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     checked = run_checker(CLAIMS_PATH, python=args.python, source=args.source, commands=commands)
     report = build_report(claims, checked)
     report["check_seconds"] = round(time.monotonic() - t0, 1)
+    report["schema"] = "servebook.vllm_drift/1"
+    report["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(format_report(report))
     if args.out:
         out = Path(args.out)

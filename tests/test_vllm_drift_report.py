@@ -111,8 +111,10 @@ def test_engine_test_outcome_is_read_from_junit_xml(tmp_path):
                    '<testcase classname="tests.engine.test_vllm_drift" name="test_claim[x]" time="0">'
                    '<error message="fixture failed">tb</error></testcase>'
                    '<testcase classname="tests.engine.test_cpu_capacity" name="test_probe" time="1">'
-                   '<failure message="AssertionError: Traceback (most recent call last):&#10;  File x&#10;'
-                   'ModuleNotFoundError: No module named \'vllm.x\'&#10;assert 1 == 0">tb</failure></testcase>'
+                   '<failure message="AssertionError: Traceback (most recent call last):">E   AssertionError: '
+                   'Traceback (most recent call last):&#10;E     File x&#10;'
+                   'E   ModuleNotFoundError: No module named \'vllm.x\'&#10;E   assert 1 == 0&#10;'
+                   'tests/engine/test_cpu_capacity.py:138: AssertionError</failure></testcase>'
                    '</testsuite></testsuites>')
     got = _drift().engine_tests(str(xml))
     assert got == {"tests": 3, "failed": 3, "seconds": 76.3,
