@@ -75,6 +75,23 @@ def test_the_sliding_window_pool_by_hand():
     assert sliding_window_running_blocks(64, 16, 1) == 5
 
 
+def test_groups_of_larger_blocks_by_hand():
+    # Gemma 4's layout: sliding groups of 16-token blocks beside a full group of 32-token blocks.
+    c = SchedulerConfig(num_blocks=1000, block_size=16, max_num_batched_tokens=256, max_model_len=2048,
+                        full_groups=1, full_block_sizes=(32,), sliding_windows=(64,), sliding_block_sizes=(16,),
+                        enable_prefix_caching=False)
+    assert c.grouped
+    # 1,000 tokens decoding: full cdiv(1000, 32) = 32; sliding cdiv(64 + 1 - 2, 16) + 1 = 5
+    assert c.running_blocks(1000, 1) == 32 + 5
+    # entering 16-token block 3 (token 33) starts a 32-token block of the full group and a sliding block
+    assert c.decode_block_increment(3) == 2
+    assert c.decode_block_increment(4) == 1          # token 49: inside the full group's second block
+    assert c.decode_block_increment(6) == 0          # token 81: sliding at its cap, full mid-block
+    assert c.decode_block_increment(7) == 1          # token 97 = 3 x 32 + 1: the full group's fourth block
+    with pytest.raises(Exception, match="multiple of block_size"):
+        SchedulerConfig(num_blocks=10, full_block_sizes=(24,), enable_prefix_caching=False)
+
+
 def test_the_sliding_window_pool_needs_the_paged_policy_and_no_prefix_caching():
     with pytest.raises(Exception, match="prefix caching"):
         SchedulerConfig(num_blocks=10, sliding_windows=(64,))
@@ -82,7 +99,7 @@ def test_the_sliding_window_pool_needs_the_paged_policy_and_no_prefix_caching():
         SchedulerConfig(num_blocks=10, sliding_windows=(64,), enable_prefix_caching=False, policy="static")
 
 
-@pytest.mark.parametrize("model", ["gemma-3-27b", "gpt-oss-20b"])
+@pytest.mark.parametrize("model", ["gemma-3-27b", "gpt-oss-20b", "gemma-4-26b-a4b"])
 def test_the_decode_lane_gives_the_same_run_on_a_sliding_window_pool(model):
     p = make_plan(model, gpu="h200", max_model_len=8192)
     config = scheduler_config(p, num_blocks=3000)   # small enough that admission and preemption bind

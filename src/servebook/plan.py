@@ -129,24 +129,21 @@ class Plan:
                                     num_speculative_tokens=num_speculative_tokens,
                                     architecture=self.spec.architecture)
 
-    def pool_groups(self) -> tuple[int, tuple[int, ...]]:
-        """``(full groups, sliding windows)``: the KV cache groups as the scheduler simulator's pool
-        counts them (:class:`servebook.simulator.SchedulerConfig`). A uniform-type layout (one block
-        table for all layers) is one full group."""
+    def pool_groups(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """``(block size of each full-attention group, (window, block size) of each sliding group)``:
+        the KV cache groups as the scheduler simulator's pool counts them
+        (:func:`servebook.simulator.config.scheduler_config`), tokens. A uniform-type layout (one
+        block table for all layers) is one full group of the pool's block size."""
         layout = self.capacity.layout
         if layout.uniform_type:
-            return 1, ()
-        full, windows = 0, []
+            return (layout.block_size,), ()
+        full, sliding = [], []
         for g in layout.groups:
-            if g.spec.block_size != layout.block_size:
-                raise ServebookError(f"{self.spec.name}'s KV groups use block sizes "
-                                     f"{sorted({x.spec.block_size for x in layout.groups})}: the scheduler "
-                                     "simulator models one block size; pass --block-size to unify them")
             if g.kind == "sliding":
-                windows.append(int(g.spec.sliding_window))
+                sliding.append((int(g.spec.sliding_window), int(g.spec.block_size)))
             else:
-                full += 1
-        return full, tuple(windows)
+                full.append(int(g.spec.block_size))
+        return tuple(full), tuple(sliding)
 
     @property
     def request_tokens(self) -> int:

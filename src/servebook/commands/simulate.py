@@ -140,9 +140,10 @@ def run(args) -> int:
         overrides = dict(policy_fields)
         if args.num_blocks is not None:
             overrides["num_blocks"] = args.num_blocks
-        full, windows = plan.pool_groups()
-        if windows and args.policy != "paged":
-            overrides.update(full_groups=1, sliding_windows=())  # contiguous reservations know no groups
+        full, sliding = plan.pool_groups()
+        windows = [w for w, _ in sliding]
+        if args.policy != "paged":   # contiguous reservations know no groups
+            overrides.update(full_groups=1, sliding_windows=(), full_block_sizes=(), sliding_block_sizes=())
         config = scheduler_config(plan, **overrides)
         step_note += (f"; {config.num_blocks} KV blocks" + (" given" if args.num_blocks is not None else
                       f" from servebook plan ({len(windows)} sliding-window groups, prefix caching not simulated)"

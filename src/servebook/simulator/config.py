@@ -52,6 +52,10 @@ class SchedulerConfig:
             counts block ids of the shared pool (one id = one block of every layer of one group),
             as vLLM's ``num_gpu_blocks`` does. :func:`scheduler_config` fills
             both from the model's KV layout.
+        full_block_sizes, sliding_block_sizes: tokens per block of each group, in the order above,
+            where a group's differs from ``block_size`` (vLLM unifies page sizes by giving layers of
+            larger heads larger blocks: Gemma 4's full-attention group holds 32 tokens a block beside
+            16 in its sliding groups); each a multiple of ``block_size``. Empty: ``block_size`` for all.
 
     Defaults (no GPU, no model: the toy engine of the mechanism pages) are vLLM's ``LLM``-class
     batch defaults on a GPU below 70 GiB (:data:`servebook.vllm_rules.SMALL_GPU_BATCH_DEFAULTS`);
@@ -72,6 +76,8 @@ class SchedulerConfig:
     reservation: str = "max"
     full_groups: int = 1
     sliding_windows: tuple[int, ...] = ()
+    full_block_sizes: tuple[int, ...] = ()
+    sliding_block_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -86,10 +92,15 @@ class SchedulerConfig:
                 self.full_groups + len(self.sliding_windows) < 1):
             raise ServebookError("the KV pool needs at least one group: full_groups >= 0 and sliding windows >= 1 "
                                  "token, not both empty")
-        if self.sliding_windows and self.policy != "paged":
+        for name, sizes, count in (("full_block_sizes", self.full_block_sizes, self.full_groups),
+                                   ("sliding_block_sizes", self.sliding_block_sizes, len(self.sliding_windows))):
+            if sizes and (len(sizes) != count or any(b < 1 or b % self.block_size for b in sizes)):
+                raise ServebookError(f"{name} {sizes} must give one block size per group ({count}), each a multiple "
+                                     f"of block_size {self.block_size}")
+        if self.grouped and self.policy != "paged":
             raise ServebookError(f"policy {self.policy!r} reserves contiguous memory per request and does not model "
                                  "sliding-window groups; use policy 'paged' for a sliding-window model")
-        if self.sliding_windows and self.enable_prefix_caching:
+        if self.grouped and self.enable_prefix_caching:
             raise ServebookError("prefix caching is not simulated for sliding-window models (its hits depend on "
                                  "which blocks each window still holds); set enable_prefix_caching=False")
         if self.policy not in POLICIES:
@@ -114,18 +125,27 @@ class SchedulerConfig:
 
     @property
     def grouped(self) -> bool:
-        """Whether the pool has sliding-window groups (blocks counted per group, not per token)."""
-        return bool(self.sliding_windows)
+        """Whether blocks are counted per KV group (sliding-window groups, or groups whose block size is
+        not the pool's), not one per ``block_size`` tokens."""
+        return bool(self.sliding_windows) or any(b != self.block_size for b in self.full_block_sizes)
+
+    def _full_sizes(self) -> tuple[int, ...]:
+        return self.full_block_sizes or (self.block_size,) * self.full_groups
+
+    def _sliding_sizes(self) -> tuple[int, ...]:
+        return self.sliding_block_sizes or (self.block_size,) * len(self.sliding_windows)
 
     def running_blocks(self, end_tokens: int, new_tokens: int) -> int:
         """Block ids one request holds once ``end_tokens`` tokens have slots, ``new_tokens`` of them
-        scheduled in this step: ``cdiv(end, block_size)`` per full group, and per sliding group the
+        scheduled in this step: ``cdiv(end, group block size)`` per full group, and per sliding group the
         smaller of that and :func:`~servebook.vllm_rules.sliding_window_running_blocks` (``new_tokens``
-        unsettled). The classic pool (no sliding group) is ``cdiv(end, block_size)``."""
-        own = -(-end_tokens // self.block_size)
-        total = self.full_groups * own
-        for w in self.sliding_windows:
-            cap = sliding_window_running_blocks(w, self.block_size, max(new_tokens, 1))
+        unsettled). The classic pool (one full group) is ``cdiv(end, block_size)``."""
+        total = 0
+        for b in self._full_sizes():
+            total += -(-end_tokens // b)
+        for w, b in zip(self.sliding_windows, self._sliding_sizes()):
+            own = -(-end_tokens // b)
+            cap = sliding_window_running_blocks(w, b, max(new_tokens, 1))
             total += own if own < cap else cap
         return total
 
@@ -133,22 +153,22 @@ class SchedulerConfig:
         """Free block ids a waiting request of ``prompt_tokens`` needs to be admitted: its whole prompt
         in every group, a sliding group capped at its admission bound (``window - 1`` plus the step's
         tokens in flight, :func:`~servebook.vllm_rules.sliding_window_hold_tokens`, plus one block)."""
-        own = -(-prompt_tokens // self.block_size)
-        total = self.full_groups * own
-        for w in self.sliding_windows:
+        total = 0
+        for b in self._full_sizes():
+            total += -(-prompt_tokens // b)
+        for w, b in zip(self.sliding_windows, self._sliding_sizes()):
+            own = -(-prompt_tokens // b)
             held = min(sliding_window_hold_tokens(w, self.max_num_batched_tokens), self.max_model_len)
-            cap = -(-held // self.block_size) + 1
+            cap = -(-held // b) + 1
             total += own if own < cap else cap
         return total
 
     def decode_block_increment(self, block_index: int) -> int:
-        """Block ids a plain decoder takes when its context enters token block ``block_index``
-        (1-based): one per full group, and one per sliding group whose run-time hold still grows."""
-        grows = 0
-        for w in self.sliding_windows:
-            if block_index <= sliding_window_running_blocks(w, self.block_size, 1):
-                grows += 1
-        return self.full_groups + grows
+        """Block ids a plain decoder takes when its context enters token block ``block_index`` (1-based,
+        in ``block_size`` tokens): what :meth:`running_blocks` of a decode step gains at that token, one
+        per full group whose own block starts there, and per sliding group whose hold still grows."""
+        first = (block_index - 1) * self.block_size + 1
+        return self.running_blocks(first, 1) - self.running_blocks(first - 1, 1)
 
 
 def scheduler_config(plan, **overrides) -> SchedulerConfig:
@@ -158,11 +178,14 @@ def scheduler_config(plan, **overrides) -> SchedulerConfig:
     ``overrides`` replace fields (e.g. ``enable_prefix_caching``, ``max_model_len``, ``policy``).
     Prefix caching is off for sliding-window models (not simulated there).
     """
-    full, windows = plan.pool_groups()
-    fields = dict(num_blocks=plan.usable_blocks, block_size=plan.tokens_per_block, max_num_seqs=plan.max_num_seqs,
+    full, sliding = plan.pool_groups()
+    block = plan.tokens_per_block
+    fields = dict(num_blocks=plan.usable_blocks, block_size=block, max_num_seqs=plan.max_num_seqs,
                   max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=plan.max_model_len,
-                  full_groups=full, sliding_windows=windows)
+                  full_groups=len(full), sliding_windows=tuple(w for w, _ in sliding),
+                  full_block_sizes=full if any(b != block for b in full) else (),
+                  sliding_block_sizes=tuple(b for _, b in sliding) if any(b != block for _, b in sliding) else ())
     fields.update(overrides)
-    if fields["sliding_windows"]:
+    if fields["sliding_windows"] or fields["full_block_sizes"] or fields["sliding_block_sizes"]:
         fields["enable_prefix_caching"] = False
     return SchedulerConfig(**fields)
