@@ -245,6 +245,9 @@ def test_every_declared_job_is_reported_with_the_groups_it_was_declared_with(dec
     assert [(j["record"], j["job"], j["group"], j["strict_group"]) for j in declaration["job"]] == \
         [(r["record"], r["job"], r["group"], r["strict_group"]) for r in rows]
     assert all(r["recorded"] for r in rows) and len(rows) == 10
+    # the page tells the fp8-KV engine's jobs from the same requests on the 16-bit one
+    assert {r["kv_cache_dtype"] for r in rows if r["record"].endswith("-fp8kv")} == {"fp8"}
+    assert {r["kv_cache_dtype"] for r in rows if r["record"] == "e2e_llama-3.1-8b-longctx"} == {"auto"}
     # the stricter reading never holds out a job the primary one counts as fitted
     assert all(r["group"] == "held out" for r in rows if r["strict_group"] == "held out")
 

@@ -381,6 +381,7 @@ def declared_rows(declaration: dict, docs: list[dict], *, gpu: str | None = None
                "job": declared["job"], "group": declared["group"], "strict_group": declared["strict_group"],
                "recorded": False, "error": None, "steady_error": None}
         if doc is not None:
+            row["kv_cache_dtype"] = doc["engine_args"].get("kv_cache_dtype") or "auto"
             if declared["record"] not in priced:
                 priced[declared["record"]] = {r["job"]: r for r in job_rows(doc, fitted=[], gpu=gpu, detail=True)}
             measured = priced[declared["record"]].get(declared["job"])
