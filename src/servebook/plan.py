@@ -61,7 +61,7 @@ from servebook.memory import (
 )
 from servebook.model_spec import ModelSpec
 from servebook.shipped import MODELS_DIR
-from servebook.vllm_rules import SLIDING_KERNEL_BLOCK_SIZE, check_batch_budget, check_tp_size, cudagraph_max_tokens
+from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
@@ -435,17 +435,16 @@ def make_plan_that_fits(config: str | ModelSpec, *, max_model_len: int | None = 
     try:
         return make_plan(config, max_model_len=max_model_len, **engine), False
     except DoesNotFitError as exc:
-        longest = getattr(exc, "longest_context_tokens", 0)
-        if max_model_len is not None or not longest:
+        if max_model_len is not None or not getattr(exc, "longest_context_tokens", 0):
             raise
-        first = exc
-    # vLLM's start-up check counts bytes; the run-time figure also keeps the null block out of the
-    # pool: step down a block at a time until one request of max_model_len runs (a few steps at most)
-    for _ in range(64):
+        first, longest = exc, exc.longest_context_tokens
+    # Each refusal names the longest context it would take: vLLM's start-up check (bytes), then the
+    # run-time figure (which also keeps the null block out of the pool). Two retries at most.
+    for _ in range(2):
         try:
             return make_plan(config, max_model_len=longest, **engine), True
-        except DoesNotFitError:
-            longest -= SLIDING_KERNEL_BLOCK_SIZE
-            if longest < 1:
+        except DoesNotFitError as exc:
+            longest = getattr(exc, "longest_context_tokens", 0)
+            if not longest:
                 break
     raise first
