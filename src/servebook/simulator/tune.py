@@ -1,0 +1,303 @@
+"""Search the cheapest deployment that meets latency targets: ``servebook tune``.
+
+Inputs: a model, a GPU kind and how many of them may be used, the traffic
+(:class:`~servebook.simulator.online.OnlineWorkload`), the targets (:class:`LatencyTargets`: TTFT,
+TPOT and/or end-to-end latency at one percentile) and optionally a price per GPU-hour.
+
+Every candidate is one :class:`~servebook.plan.Plan` (TP, KV cache dtype, ``--max-num-seqs``,
+``--max-num-batched-tokens``) served by ``R`` replicas, each receiving ``rate / R``; its
+latencies come from :func:`~servebook.simulator.online.predict_latency`. Cost is GPUs x price, so
+the search walks GPU counts upward and stops at the first count where some candidate meets every
+target: that count is the cheapest. Within it, vLLM's defaults are tried first and a flag is
+changed only when the defaults miss (ties go to fewer changed flags, then to the larger margin).
+When nothing within the GPUs meets the targets, :attr:`TuneResult.binding` says which target
+binds and what would relax it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from servebook.errors import ServebookError
+from servebook.simulator.online import LatencyPrediction, OnlineWorkload, ServingPath, measured_serving_path
+
+#: Alternatives to vLLM's defaults the search tries (None = the default of the release).
+MAX_NUM_SEQS_CHOICES = (None, 256, 128, 64, 32)
+MAX_NUM_BATCHED_TOKENS_CHOICES = (None, 2048, 4096, 16384)
+KV_CACHE_DTYPES = ("auto", "fp8")
+TP_CHOICES = (1, 2, 4, 8)
+
+#: What to watch once deployed: vLLM's own metrics (names checked against the release by the drift test).
+WATCH = (
+    ("vllm:time_to_first_token_seconds", "its p90 against the TTFT target; a rise at steady traffic means queueing"),
+    ("vllm:inter_token_latency_seconds", "its p90 against the TPOT target; spikes follow long prompts' chunks"),
+    ("vllm:num_requests_waiting", "should stay near 0; a queue that grows means the replicas are saturated"),
+    ("vllm:kv_cache_usage_perc", "near 1.0 means the KV cache binds the batch; preemptions follow"),
+    ("vllm:num_preemptions", "should not grow; each one recomputes a request's prompt"),
+)
+
+
+#: Until held-out ``vllm serve`` runs measure the latency model's error band, a prediction must beat
+#: a target by the accuracy the model is held to (issue 37's goal: 15% at p50, 25% at p90 and p99),
+#: so that a pick whose prediction errs by that much still meets the target when deployed.
+GOAL_HEADROOM = {50: 0.15, 90: 0.25, 99: 0.25}
+
+
+@dataclass(frozen=True)
+class LatencyTargets:
+    """Targets at one percentile (50, 90 or 99), seconds; None = no target on that figure.
+
+    ``headroom``: a candidate meets a target when its prediction x (1 + headroom) is within it
+    (default: :data:`GOAL_HEADROOM` for the percentile; 0 trusts the prediction exactly).
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    percentile: int = 90
+    headroom: float | None = None
+
+    @property
+    def factor(self) -> float:
+        """1 + the headroom in force."""
+        return 1.0 + (GOAL_HEADROOM[self.percentile] if self.headroom is None else self.headroom)
+
+    def __post_init__(self) -> None:
+        if self.percentile not in (50, 90, 99):
+            raise ServebookError(f"--percentile must be 50, 90 or 99, got {self.percentile}")
+        given = [v for v in (self.ttft_s, self.tpot_s, self.e2e_s) if v is not None]
+        if not given:
+            raise ServebookError("give at least one target: --ttft-ms, --tpot-ms or --e2e-s")
+        if any(not (v > 0 and math.isfinite(v)) for v in given):
+            raise ServebookError("latency targets must be positive numbers")
+        if self.headroom is not None and not 0 <= self.headroom < 10:
+            raise ServebookError(f"--headroom must be in [0, 10), got {self.headroom}")
+
+    def misses(self, p: LatencyPrediction) -> dict[str, float]:
+        """``{figure: predicted / target}`` for each target the prediction misses (ratio > 1)."""
+        q = self.percentile
+        out = {}
+        for name, target, value in (("ttft", self.ttft_s, p.ttft_s[q]), ("tpot", self.tpot_s, p.tpot_s[q]),
+                                     ("e2e", self.e2e_s, p.e2e_s[q])):
+            if target is not None and (value * self.factor > target or p.saturated):
+                out[name] = value * self.factor / target
+        return out
+
+    def margin(self, p: LatencyPrediction) -> float:
+        """The smallest target / predicted ratio (> 1 = headroom)."""
+        q = self.percentile
+        pairs = [(self.ttft_s, p.ttft_s[q]), (self.tpot_s, p.tpot_s[q]), (self.e2e_s, p.e2e_s[q])]
+        return min(t / max(v * self.factor, 1e-12) for t, v in pairs if t is not None)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment tried: ``replicas`` x the plan's TP GPUs, and its predicted latencies per replica."""
+
+    plan: object
+    replicas: int
+    prediction: LatencyPrediction
+    changed_flags: tuple[str, ...]
+    misses: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.plan.tp
+
+    @property
+    def meets(self) -> bool:
+        return not self.misses
+
+    @property
+    def output_tokens_per_s_per_gpu(self) -> float:
+        return self.prediction.output_tokens_per_s / self.plan.tp
+
+    def serve_command(self) -> str:
+        """The ``vllm serve`` line of one replica (flags of the release the book describes)."""
+        import shlex
+
+        p = self.plan
+        args = ["vllm", "serve", p.model_ref, "--tensor-parallel-size", str(p.tp),
+                "--max-model-len", str(p.max_model_len)]
+        if "max_num_seqs" in self.changed_flags:
+            args += ["--max-num-seqs", str(p.max_num_seqs)]
+        if "max_num_batched_tokens" in self.changed_flags:
+            args += ["--max-num-batched-tokens", str(p.max_num_batched_tokens)]
+        if p.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", p.kv_cache_dtype]
+        return shlex.join(args)
+
+    def to_dict(self) -> dict:
+        p = self.plan
+        return {"tp": p.tp, "replicas": self.replicas, "gpus": self.gpus, "kv_cache_dtype": p.kv_cache_dtype,
+                "max_num_seqs": p.max_num_seqs, "max_num_batched_tokens": p.max_num_batched_tokens,
+                "max_model_len": p.max_model_len, "changed_flags": list(self.changed_flags),
+                "meets": self.meets, "misses": self.misses,
+                "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
+                "serve_command": self.serve_command(), "prediction": self.prediction.to_dict()}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The search's answer: the cheapest candidate meeting the targets (None if none), every
+    candidate tried, the Pareto frontier, and, when nothing meets, what binds."""
+
+    best: Candidate | None
+    tried: tuple[Candidate, ...]
+    targets: LatencyTargets
+    workload: OnlineWorkload
+    gpu: str
+    max_gpus: int
+    price_per_gpu_hour: float | None
+    binding: str = ""
+    notes: tuple[str, ...] = ()
+
+    def frontier(self) -> list[Candidate]:
+        """Candidates no other beats on both output tokens/s per GPU (higher) and the target
+        percentile's TPOT (lower), by throughput per GPU descending."""
+        q = self.targets.percentile
+        pts = [c for c in self.tried if not c.prediction.saturated]
+        out = [c for c in pts if not any(
+            o.output_tokens_per_s_per_gpu >= c.output_tokens_per_s_per_gpu and o.prediction.tpot_s[q] <= c.prediction.tpot_s[q]
+            and (o.output_tokens_per_s_per_gpu > c.output_tokens_per_s_per_gpu or o.prediction.tpot_s[q] < c.prediction.tpot_s[q])
+            for o in pts)]
+        return sorted(out, key=lambda c: -c.output_tokens_per_s_per_gpu)
+
+    def cost_per_hour(self, c: Candidate) -> float | None:
+        return None if self.price_per_gpu_hour is None else c.gpus * self.price_per_gpu_hour
+
+    def cost_per_million_output_tokens(self, c: Candidate) -> float | None:
+        """Price of a million output tokens at the offered rate (all replicas), currency units."""
+        if self.price_per_gpu_hour is None:
+            return None
+        tokens_per_hour = c.prediction.output_tokens_per_s * c.replicas * 3600.0
+        return self.cost_per_hour(c) / tokens_per_hour * 1e6
+
+
+def _flags(max_num_seqs, max_num_batched_tokens) -> tuple[str, ...]:
+    return tuple(n for n, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens))
+                 if v is not None)
+
+
+def _plans(model, gpu, tp, kv, max_model_len, usage, notes):
+    """Plans of every flag variant at (tp, kv); [] when the model does not fit that way."""
+    from servebook.plan import make_plan
+
+    out = []
+    for mns in MAX_NUM_SEQS_CHOICES:
+        for mnbt in MAX_NUM_BATCHED_TOKENS_CHOICES:
+            try:
+                plan = make_plan(model, gpu=gpu, tp=tp, kv_cache_dtype=kv, max_model_len=max_model_len,
+                                 max_num_seqs=mns, max_num_batched_tokens=mnbt, usage_context=usage)
+            except ServebookError as exc:
+                if mns is None and mnbt is None:
+                    notes.append(f"TP {tp}, KV {kv}: {exc}")
+                    return []
+                continue
+            if mns is not None and mns >= plan.default_max_num_seqs:
+                continue
+            out.append((plan, _flags(mns, mnbt)))
+    return out
+
+
+def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: LatencyTargets,
+         price_per_gpu_hour: float | None = None, max_model_len: int | None = None,
+         tps: tuple[int, ...] = TP_CHOICES, kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES,
+         serving_path: ServingPath | None = None) -> TuneResult:
+    """The cheapest deployment of ``model`` on at most ``max_gpus`` ``gpu``s meeting ``targets``.
+
+    ``max_model_len``: the engine's context (default: the workload's longest request, rounded up
+    to a multiple of 1,024 tokens). See the module docstring for the search order.
+    """
+    from servebook.simulator.online import predict_from_requests, replica_engine
+    from servebook.vllm_rules import check_tp
+    from servebook.hf_config import load_model_spec
+
+    if max_gpus < 1:
+        raise ServebookError(f"--gpus must be >= 1, got {max_gpus}")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ServebookError(f"--price-per-gpu-hour must be >= 0, got {price_per_gpu_hour}")
+    length = max_model_len or 1024 * math.ceil(workload.max_request_tokens / 1024)
+    spec = model if not isinstance(model, str) else load_model_spec(model)
+    notes: list[str] = []
+    ladders = []   # (tp, [(plan, flags)]) for each TP and KV dtype that fits
+    for tp in tps:
+        if tp > max_gpus:
+            continue
+        try:
+            check_tp(spec, tp)
+        except ServebookError:
+            continue
+        for kv in kv_cache_dtypes:
+            try:
+                plans = _plans(model, gpu, tp, kv, length, "serve", notes)
+            except ServebookError as exc:   # e.g. fp8 KV on a GPU without it
+                notes.append(f"TP {tp}, KV {kv}: {exc}")
+                continue
+            if plans:
+                ladders.append((tp, plans))
+    if not ladders:
+        raise ServebookError(f"{getattr(spec, 'name', model)} fits no TP up to {max_gpus} {gpu} GPUs: "
+                             + "; ".join(notes[:2]))
+    path = serving_path if serving_path is not None else measured_serving_path(gpu)
+    engines: dict[int, tuple] = {}
+    tried: list[Candidate] = []
+    best: Candidate | None = None
+
+    def evaluate(plan, flags, replicas) -> Candidate:
+        key = id(plan)
+        if key not in engines:
+            engines[key] = replica_engine(plan)
+        config, step, _ = engines[key]
+        pred = predict_from_requests(workload.requests(workload.rate_per_s / replicas), config, step,
+                                     serving_path=path)
+        c = Candidate(plan, replicas, pred, flags, targets.misses(pred))
+        tried.append(c)
+        return c
+
+    for gpus in range(1, max_gpus + 1):
+        level = []
+        for tp, plans in ladders:
+            if gpus % tp:
+                continue
+            replicas = gpus // tp
+            default_plan, default_flags = plans[0]
+            c = evaluate(default_plan, default_flags, replicas)
+            level.append(c)
+            if c.meets or c.prediction.saturated:
+                # a replica that falls behind at vLLM's defaults does not catch up with a smaller
+                # batch or chunk: more replicas are the remedy, not flags
+                continue
+            for plan, flags in plans[1:]:
+                if "tpot" not in c.misses and "max_num_seqs" in flags:
+                    continue   # a smaller batch only lengthens queues: it helps TPOT, never TTFT
+                level.append(evaluate(plan, flags, replicas))
+        winners = [c for c in level if c.meets]
+        if winners:
+            best = min(winners, key=lambda c: (len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"),
+                                               -targets.margin(c.prediction)))
+            break
+    binding = "" if best else _binding(tried, targets, max_gpus, gpu)
+    return TuneResult(best, tuple(tried), targets, workload, gpu, max_gpus, price_per_gpu_hour, binding,
+                      tuple(notes) + ((f"serving path: {path.source}",) if path.source else ()))
+
+
+def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu: str) -> str:
+    """Which target binds when nothing met them, and what would relax it."""
+    q = targets.percentile
+    closest = min(tried, key=lambda c: max(c.misses.values()) if c.misses else 0.0)
+    worst = max(closest.misses, key=closest.misses.get)
+    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end latency"}
+    value = {"ttft": closest.prediction.ttft_s, "tpot": closest.prediction.tpot_s,
+             "e2e": closest.prediction.e2e_s}[worst][q]
+    target = {"ttft": targets.ttft_s, "tpot": targets.tpot_s, "e2e": targets.e2e_s}[worst]
+    where = (f"TP {closest.plan.tp} x {closest.replicas} replicas"
+             + (f" ({', '.join(closest.changed_flags)} changed)" if closest.changed_flags else ""))
+    if closest.prediction.saturated:
+        return (f"no configuration on {max_gpus} {gpu} GPUs keeps up with {closest.prediction.rate_per_s * closest.replicas:g} "
+                f"requests/s: the closest, {where}, falls behind. Give more GPUs (--gpus) or lower the rate")
+    alone = closest.replicas == max_gpus // closest.plan.tp
+    how = ("a faster GPU or a higher TP (a lone request's step is the floor)" if alone
+           else "more GPUs (--gpus)")
+    return (f"p{q} {names[worst]} binds: the closest, {where}, reaches {value * 1e3:.0f} ms against "
+            f"{target * 1e3:.0f} ms. Relax that target to {value * 1e3 * 1.05:.0f} ms, or use {how}")
