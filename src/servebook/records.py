@@ -169,3 +169,41 @@ def recorded_startup(file_name: str, case: str, directory: str | Path | None = N
     if case not in names:
         raise KeyError(f"startup_logs/{file_name} has no case {case!r}; its cases are {', '.join(names)}")
     return RecordedStartup(record, record["cases"][names.index(case)])
+
+
+SERVE_LATENCY_SCHEMA = "servebook.serve_latency/1"
+
+
+def serve_latency_results(folder: str = "serve_issue37", directory: str | Path | None = None) -> list[dict]:
+    """Every ``vllm serve`` latency record (``<folder>/serve_<name>.json``, schema
+    ``servebook.serve_latency/1``, written by ``labs/tools/serve_latency.py``), by server name.
+
+    Each record gains ``config_json``: the model's config.json the engine loaded, read from the
+    path the record names (relative to the checkout) and checked against the record's
+    ``config_sha256``, and ``declaration``: the folder's ``heldout.toml`` (parsed). Raises
+    ``FileNotFoundError`` naming the folder when it holds no record.
+    """
+    import tomllib
+
+    from servebook.provenance import config_sha256
+    from servebook.tiny_model import language_model_config
+
+    base = results_dir(directory) / folder
+    paths = sorted(base.glob("serve_*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no serve latency records (serve_*.json) in {base}: record them with "
+                                "labs/tools/serve_latency.py, or set " + RESULTS_ENV)
+    declaration = tomllib.loads((base / "heldout.toml").read_text()) if (base / "heldout.toml").exists() else {}
+    root = checkout_root(directory)
+    docs = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        if doc.get("schema") != SERVE_LATENCY_SCHEMA:
+            raise ValueError(f"{path} has schema {doc.get('schema')!r}, not {SERVE_LATENCY_SCHEMA!r}")
+        cfg = json.loads((root / doc["config"]).read_text())
+        if config_sha256(language_model_config(cfg)) != doc["config_sha256"]:
+            raise ValueError(f"{doc['config']} is not the config {path.name} was recorded with (sha256 differs)")
+        doc["config_json"] = cfg
+        doc["declaration"] = declaration
+        docs.append(doc)
+    return sorted(docs, key=lambda d: d["name"])

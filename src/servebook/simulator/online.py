@@ -134,6 +134,15 @@ def measured_serving_path(gpu: str = "H200") -> ServingPath:
     return ServingPath(ttft_s=row["ttft_s"], tpot_s=row["tpot_s"], source=row["source"])
 
 
+def latency_band(gpu: str = "H200") -> dict[str, dict] | None:
+    """The latency model's error on held-out ``vllm serve`` runs on ``gpu``'s host:
+    ``{"ttft_p50": {"p10", "p90", "worst", "runs"}, ...}`` (predicted / measured - 1), or None
+    when no held-out run was recorded there."""
+    if not SERVING_PATH_FILE.exists():
+        return None
+    return json.loads(SERVING_PATH_FILE.read_text()).get("band", {}).get(gpu.upper())
+
+
 @dataclass(frozen=True)
 class LatencyPrediction:
     """One replica's predicted latencies and throughput at ``rate_per_s``.
