@@ -22,9 +22,12 @@ from servebook.errors import ServebookError
 from servebook.simulator.online import LatencyPrediction, OnlineWorkload, ServingPath, measured_serving_path
 
 #: Alternatives to vLLM's defaults the search tries (None = the default of the release).
-MAX_NUM_SEQS_CHOICES = (None, 256, 128, 64, 32)
-MAX_NUM_BATCHED_TOKENS_CHOICES = (None, 2048, 4096, 16384)
+MAX_NUM_SEQS_CHOICES = (None, 128, 32)
+MAX_NUM_BATCHED_TOKENS_CHOICES = (None, 2048, 16384)
 KV_CACHE_DTYPES = ("auto", "fp8")
+#: A default configuration that misses a target by more than this factor is not retried with other
+#: batch flags (they move a percentile by tens of percent, not by factors): more GPUs are the remedy.
+MAX_MISS_FLAGS_FIX = 2.0
 TP_CHOICES = (1, 2, 4, 8)
 
 #: What to watch once deployed: vLLM's own metrics (names checked against the release by the drift test).
@@ -153,15 +156,31 @@ class TuneResult:
     notes: tuple[str, ...] = ()
 
     def frontier(self) -> list[Candidate]:
-        """Candidates no other beats on both output tokens/s per GPU (higher) and the target
-        percentile's TPOT (lower), by throughput per GPU descending."""
+        """Candidates that keep up (not saturated, TTFT within its target when one is set) and that no
+        other such candidate beats on both output tokens/s per GPU (higher) and the target
+        percentile's TPOT (lower); by throughput per GPU, descending. Of candidates with the same
+        figures, the one with the fewest changed flags stands for all."""
         q = self.targets.percentile
-        pts = [c for c in self.tried if not c.prediction.saturated]
-        out = [c for c in pts if not any(
+        pts = [c for c in self.tried if not c.prediction.saturated and "ttft" not in c.misses]
+        pts.sort(key=lambda c: len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"))
+        seen, unique = set(), []
+        for c in pts:
+            key = (c.gpus, c.plan.tp, round(c.output_tokens_per_s_per_gpu), round(c.prediction.tpot_s[q] * 1e4))
+            if key not in seen:
+                seen.add(key)
+                unique.append(c)
+        out = [c for c in unique if not any(
             o.output_tokens_per_s_per_gpu >= c.output_tokens_per_s_per_gpu and o.prediction.tpot_s[q] <= c.prediction.tpot_s[q]
             and (o.output_tokens_per_s_per_gpu > c.output_tokens_per_s_per_gpu or o.prediction.tpot_s[q] < c.prediction.tpot_s[q])
-            for o in pts)]
+            for o in unique)]
         return sorted(out, key=lambda c: -c.output_tokens_per_s_per_gpu)
+
+    def flags_text(self, c: Candidate) -> str:
+        """The candidate's changed flags with their values, e.g. ``--max-num-seqs 128, fp8 KV``."""
+        parts = [f"--{f.replace('_', '-')} {getattr(c.plan, f)}" for f in c.changed_flags]
+        if c.plan.kv_cache_dtype != "auto":
+            parts.append(f"{c.plan.kv_cache_dtype} KV")
+        return ", ".join(parts) or "defaults"
 
     def cost_per_hour(self, c: Candidate) -> float | None:
         return None if self.price_per_gpu_hour is None else c.gpus * self.price_per_gpu_hour
@@ -264,7 +283,7 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
             default_plan, default_flags = plans[0]
             c = evaluate(default_plan, default_flags, replicas)
             level.append(c)
-            if c.meets or c.prediction.saturated:
+            if c.meets or c.prediction.saturated or max(c.misses.values()) > MAX_MISS_FLAGS_FIX:
                 # a replica that falls behind at vLLM's defaults does not catch up with a smaller
                 # batch or chunk: more replicas are the remedy, not flags
                 continue
@@ -277,27 +296,45 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
             best = min(winners, key=lambda c: (len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"),
                                                -targets.margin(c.prediction)))
             break
-    binding = "" if best else _binding(tried, targets, max_gpus, gpu)
+    binding = "" if best else _binding(tried, targets, max_gpus, gpu, workload, path)
     return TuneResult(best, tuple(tried), targets, workload, gpu, max_gpus, price_per_gpu_hour, binding,
                       tuple(notes) + ((f"serving path: {path.source}",) if path.source else ()))
 
 
-def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu: str) -> str:
+def _floors(c: Candidate, workload: OnlineWorkload, path: ServingPath) -> dict[str, float]:
+    """What no load can beat on ``c``'s engine: a lone mean prompt's TTFT and a lone request's TPOT (s)."""
+    from servebook.simulator.online import replica_engine
+
+    _, step, _ = replica_engine(c.plan)
+    prefill = step.step_s([(workload.input_tokens, 0, True)], [])
+    decode = step.step_s([], [workload.input_tokens])
+    return {"ttft": prefill + path.ttft_s, "tpot": decode + path.tpot_s,
+            "e2e": prefill + path.ttft_s + (decode + path.tpot_s) * (workload.output_tokens - 1)}
+
+
+def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu: str,
+             workload: OnlineWorkload, path: ServingPath) -> str:
     """Which target binds when nothing met them, and what would relax it."""
     q = targets.percentile
-    closest = min(tried, key=lambda c: max(c.misses.values()) if c.misses else 0.0)
-    worst = max(closest.misses, key=closest.misses.get)
     names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end latency"}
-    value = {"ttft": closest.prediction.ttft_s, "tpot": closest.prediction.tpot_s,
-             "e2e": closest.prediction.e2e_s}[worst][q]
-    target = {"ttft": targets.ttft_s, "tpot": targets.tpot_s, "e2e": targets.e2e_s}[worst]
-    where = (f"TP {closest.plan.tp} x {closest.replicas} replicas"
-             + (f" ({', '.join(closest.changed_flags)} changed)" if closest.changed_flags else ""))
-    if closest.prediction.saturated:
-        return (f"no configuration on {max_gpus} {gpu} GPUs keeps up with {closest.prediction.rate_per_s * closest.replicas:g} "
-                f"requests/s: the closest, {where}, falls behind. Give more GPUs (--gpus) or lower the rate")
-    alone = closest.replicas == max_gpus // closest.plan.tp
-    how = ("a faster GPU or a higher TP (a lone request's step is the floor)" if alone
-           else "more GPUs (--gpus)")
-    return (f"p{q} {names[worst]} binds: the closest, {where}, reaches {value * 1e3:.0f} ms against "
-            f"{target * 1e3:.0f} ms. Relax that target to {value * 1e3 * 1.05:.0f} ms, or use {how}")
+    goal = {"ttft": targets.ttft_s, "tpot": targets.tpot_s, "e2e": targets.e2e_s}
+    fastest = max(tried, key=lambda c: c.plan.tp)
+    floors = _floors(fastest, workload, path)
+    for name, target in goal.items():
+        if target is not None and floors[name] * targets.factor > target:
+            return (f"p{q} {names[name]} binds at any load: a lone request already takes {floors[name] * 1e3:.1f} ms "
+                    f"at TP {fastest.plan.tp} on {gpu.upper()} ({floors[name] * targets.factor * 1e3:.1f} ms with the "
+                    f"{targets.factor - 1:.0%} allowance), above the {target * 1e3:.1f} ms target. Relax it to at "
+                    f"least {floors[name] * targets.factor * 1e3:.1f} ms, or use a faster GPU or a higher TP")
+    widest = [c for c in tried if c.gpus == max(t.gpus for t in tried)]
+    if all(c.prediction.saturated for c in widest):
+        return (f"capacity binds: no configuration on {max_gpus} {gpu.upper()} keeps up with "
+                f"{workload.rate_per_s:g} requests/s (every one falls behind). Give more GPUs (--gpus) or lower the rate")
+    closest = min(tried, key=lambda c: max(c.misses.values()))
+    worst = max(closest.misses, key=closest.misses.get)
+    value = {"ttft": closest.prediction.ttft_s, "tpot": closest.prediction.tpot_s, "e2e": closest.prediction.e2e_s}[worst][q]
+    where = f"TP {closest.plan.tp} x {closest.replicas} replica(s)"
+    return (f"p{q} {names[worst]} binds: the closest candidate, {where}, is predicted at {value * 1e3:.0f} ms "
+            f"({value * targets.factor * 1e3:.0f} ms with the {targets.factor - 1:.0%} allowance) against "
+            f"{goal[worst] * 1e3:.0f} ms. Relax that target to {value * targets.factor * 1e3:.0f} ms, or give more "
+            f"GPUs (--gpus)")
