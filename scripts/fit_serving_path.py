@@ -26,6 +26,9 @@ from servebook.simulator.online import SERVING_PATH_FILE  # noqa: E402
 
 
 def build() -> dict:
+    from servebook.perf.gpu import gpu_numbers
+
+    gpu = gpu_numbers("h200").name   # every record is from one H200 (tests/test_serve_latency.py checks)
     docs = serve_latency_results()
     path = sl.fit_serving_path(docs)
     held = [r for r in sl.rows(docs, path) if r.group == "held out"]
@@ -36,8 +39,8 @@ def build() -> dict:
     return {"what": "vllm serve's API-server costs added to the engine's times (seconds), and the latency "
                     "model's error band on held-out runs (predicted / measured - 1). Written by "
                     "scripts/fit_serving_path.py from labs/results/serve_issue37; do not edit.",
-            "gpus": {"H200": {"ttft_s": round(path.ttft_s, 6), "tpot_s": round(path.tpot_s, 6), "source": path.source}},
-            "band": {"H200": band},
+            "gpus": {gpu: {"ttft_s": round(path.ttft_s, 6), "tpot_s": round(path.tpot_s, 6), "source": path.source}},
+            "band": {gpu: band},
             "held_out_servers": sorted({r.server for r in held})}
 
 

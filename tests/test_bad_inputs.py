@@ -31,6 +31,7 @@ STEP = "step --config llama-3.1-8b --gpu h200"
 DECODE = STEP + " --phase decode --batch 1 --context 10"
 SIM = "simulate --requests 5"
 PERF = "simulate --requests 5 --config llama-3.1-8b --gpu h200"
+TUNE = "tune --config llama-3.1-8b --gpu h200 --gpus 1 --rate 2 --input-tokens 100 --output-tokens 50"
 RUN = "batch run {tmp}/two.jsonl -o {tmp}/out.jsonl --model never-loaded"
 
 # (command line, exit status, phrase that says what to change)
@@ -62,6 +63,15 @@ CASES = [
     ("plan --config llama-3.1-8", 2, "reference ids: deepseek-v2-lite"),
     ("plan --config {tmp}/weights.safetensors", 2, "point at the model's config.json, not its weights"),
     ("plan --config llama-3.1-8b --gpu 'NVIDIA H100 80GB HBM3'", 2, "aliases such as 'H100'"),
+    # -- tune -------------------------------------------------------------------------------------
+    (TUNE + " --ttft-ms 500 --gpu h300", 2, "unknown GPU 'h300'"),
+    (TUNE, 2, "give at least one target: --ttft-ms, --tpot-ms or --e2e-s"),
+    (TUNE + " --tpot-ms 40 --tp a,b", 2, "--tp takes comma-separated integers"),
+    (TUNE + " --tpot-ms 40 --rate 0", 2, "--rate must be a positive number of requests/s"),
+    (TUNE + " --tpot-ms 40 --output-tokens 1", 2, "--output-tokens must be >= 2"),
+    (TUNE + " --tpot-ms 40 --range-ratio 1.5", 2, "--range-ratio must be in [0, 1)"),
+    (TUNE + " --tpot-ms -4", 2, "latency targets must be positive numbers"),
+    (TUNE + " --tpot-ms 40 --gpus 0", 2, "--gpus must be >= 1"),
     # -- fleet ------------------------------------------------------------------------------------
     (FLEET + " --calibration {tmp}/brace.json", 2, "is not valid JSON"),
     (FLEET + " --calibration {tmp}/list.json", 2, 'holds a JSON list, not an object with "coefficients"'),

@@ -415,6 +415,8 @@ def prefill_request_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_toke
 
 _DATA = Path(__file__).parent / "data"
 CALIBRATION_FILE = _DATA / "calibration.json"
+#: vllm serve's measured serving path and the latency model's held-out band (scripts/fit_serving_path.py).
+SERVING_PATH_FILE = _DATA / "serving_path.json"
 
 
 def _calibration_source(path) -> str:

@@ -19,13 +19,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
 from servebook.errors import ServebookError
+from servebook.perf.model import SERVING_PATH_FILE
 from servebook.reductions import percentile, require_numpy
 from servebook.simulator.workload import RequestSpec
 
-SERVING_PATH_FILE = Path(__file__).resolve().parents[1] / "perf" / "data" / "serving_path.json"
 PERCENTILES = (50, 90, 99)
 
 
@@ -121,26 +120,33 @@ class ServingPath:
             raise ServebookError("the serving path's costs are >= 0 seconds")
 
 
+def _catalogue_name(gpu: str) -> str:
+    """The GPU catalogue's name for ``gpu`` (``h200`` -> ``H200-SXM-141GB``)."""
+    from servebook.perf.gpu import gpu_numbers
+
+    return gpu_numbers(gpu).name
+
+
 @lru_cache(maxsize=4)
-def measured_serving_path(gpu: str = "H200") -> ServingPath:
+def measured_serving_path(gpu: str = "h200") -> ServingPath:
     """The serving path measured on ``gpu``'s host (``perf/data/serving_path.json``); none recorded:
     :class:`ServingPath` of zeros, whose ``source`` says so."""
     if not SERVING_PATH_FILE.exists():
         return ServingPath(source="not measured yet: the engine's times alone")
     doc = json.loads(SERVING_PATH_FILE.read_text())
-    row = doc.get("gpus", {}).get(gpu.upper())
+    row = doc.get("gpus", {}).get(_catalogue_name(gpu))
     if row is None:
         return ServingPath(source=f"not measured on {gpu}'s host: the engine's times alone")
     return ServingPath(ttft_s=row["ttft_s"], tpot_s=row["tpot_s"], source=row["source"])
 
 
-def latency_band(gpu: str = "H200") -> dict[str, dict] | None:
+def latency_band(gpu: str = "h200") -> dict[str, dict] | None:
     """The latency model's error on held-out ``vllm serve`` runs on ``gpu``'s host:
     ``{"ttft_p50": {"p10", "p90", "worst", "runs"}, ...}`` (predicted / measured - 1), or None
     when no held-out run was recorded there."""
     if not SERVING_PATH_FILE.exists():
         return None
-    return json.loads(SERVING_PATH_FILE.read_text()).get("band", {}).get(gpu.upper())
+    return json.loads(SERVING_PATH_FILE.read_text()).get("band", {}).get(_catalogue_name(gpu))
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def rows(docs: list[dict], serving_path: ServingPath | None = None) -> list[RunR
     """Every run of every record, predicted with ``serving_path`` (default: the measured one)."""
     from servebook.simulator.online import measured_serving_path, predict_from_requests, replica_engine
 
-    path = serving_path if serving_path is not None else measured_serving_path("H200")
+    path = serving_path if serving_path is not None else measured_serving_path("h200")
     out = []
     for doc in docs:
         plan = plan_of(doc)
