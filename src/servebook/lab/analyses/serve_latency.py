@@ -166,3 +166,59 @@ def target_sets(docs: list[dict]) -> list[dict]:
             row.update(measured=got, meets=got["ttft"] <= t["ttft_s"] and got["tpot"] <= t["tpot_s"])
         out.append(row)
     return out
+
+
+def predicted_curve(doc: dict, rates: list[float], num_requests: int = 300) -> list[dict]:
+    """The model's TTFT/TPOT p50 and output tokens/s at each rate for one server (seconds, tokens/s)."""
+    from servebook.simulator.online import predict_latency
+
+    plan = plan_of(doc)
+    w = doc["workload"]
+    out = []
+    for rate in rates:
+        p = predict_latency(plan, OnlineWorkload(rate, w["input_len"], w["output_len"], range_ratio=w["range_ratio"],
+                                                 num_requests=num_requests))
+        out.append({"rate": rate, "ttft_p50": p.ttft_s[50], "tpot_p50": p.tpot_s[50],
+                    "output_tokens_per_s": p.output_tokens_per_s, "saturated": p.saturated})
+    return out
+
+
+def plot_latency_throughput(docs: list[dict], rs: list[RunRow]):
+    """Measured (markers) and predicted (lines) TTFT and TPOT p50 against measured output tokens/s."""
+    import matplotlib.pyplot as plt
+
+    from servebook.figure_style import page_style
+
+    with page_style():
+        fig, (a, b) = plt.subplots(1, 2, figsize=(8.0, 3.6))
+        for i, doc in enumerate(docs):
+            color = f"C{i}"
+            runs = [r for r in rs if r.server == doc["name"]]
+            measured_tput = [run["summary"]["output_throughput"] for run in doc["runs"]]
+            top = max(run["rate"] for run in doc["runs"])
+            curve = predicted_curve(doc, [top * f for f in (0.05, 0.15, 0.3, 0.45, 0.6, 0.7, 0.8, 0.9, 1.0)])
+            curve = [c for c in curve if not c["saturated"]]
+            for ax, key in ((a, "ttft_p50"), (b, "tpot_p50")):
+                ax.plot([c["output_tokens_per_s"] for c in curve], [c[key] * 1e3 for c in curve], "-", color=color,
+                        lw=1.2, label=f"{doc['name']} ({runs[0].group})" if ax is a else None)
+                ax.plot(measured_tput, [r.measured[key] * 1e3 for r in runs], "o", color=color, ms=4)
+        a.set_yscale("log")
+        a.set_ylabel("TTFT p50, ms (log scale)")
+        b.set_ylabel("TPOT p50, ms")
+        for ax in (a, b):
+            ax.set_xlabel("output tokens/s (one H200)")
+        a.legend(fontsize=7, loc="upper left")
+        fig.suptitle("vllm serve on one H200 (vLLM 0.26.0): measured (dots) vs servebook (lines)", fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
+def run_table(rs: list[RunRow]) -> list[dict]:
+    """One row per run: measured and predicted p50/p90 in ms, and the error."""
+    out = []
+    for r in rs:
+        row = {"server": r.server, "group": r.group, "rate/s": f"{r.rate:g}"}
+        for m in METRICS:
+            row[m.replace("_", " ")] = f"{r.measured[m] * 1e3:.1f} / {r.predicted[m] * 1e3:.1f} ({r.error[m]:+.0%})"
+        out.append(row)
+    return out
