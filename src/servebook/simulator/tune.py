@@ -274,27 +274,30 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         tried.append(c)
         return c
 
+    def pick(level: list[Candidate]) -> Candidate | None:
+        winners = [c for c in level if c.meets]
+        return min(winners, key=lambda c: (len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"),
+                                           -targets.margin(c.prediction))) if winners else None
+
     for gpus in range(1, max_gpus + 1):
+        shapes = [(tp, plans) for tp, plans in ladders if gpus % tp == 0]
+        # first vLLM's defaults at every shape of this many GPUs; other flags only if none meets
+        defaults = [(evaluate(plans[0][0], plans[0][1], gpus // tp), plans) for tp, plans in shapes]
+        best = pick([c for c, _ in defaults])
+        if best:
+            break
         level = []
-        for tp, plans in ladders:
-            if gpus % tp:
-                continue
-            replicas = gpus // tp
-            default_plan, default_flags = plans[0]
-            c = evaluate(default_plan, default_flags, replicas)
-            level.append(c)
-            if c.meets or c.prediction.saturated or max(c.misses.values()) > MAX_MISS_FLAGS_FIX:
+        for c, plans in defaults:
+            if c.prediction.saturated or max(c.misses.values()) > MAX_MISS_FLAGS_FIX:
                 # a replica that falls behind at vLLM's defaults does not catch up with a smaller
-                # batch or chunk: more replicas are the remedy, not flags
+                # batch or chunk, and flags do not move a percentile by factors: more GPUs do
                 continue
             for plan, flags in plans[1:]:
                 if "tpot" not in c.misses and "max_num_seqs" in flags:
                     continue   # a smaller batch only lengthens queues: it helps TPOT, never TTFT
-                level.append(evaluate(plan, flags, replicas))
-        winners = [c for c in level if c.meets]
-        if winners:
-            best = min(winners, key=lambda c: (len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"),
-                                               -targets.margin(c.prediction)))
+                level.append(evaluate(plan, flags, c.replicas))
+        best = pick(level)
+        if best:
             break
     binding = "" if best else _binding(tried, targets, max_gpus, gpu, workload, path)
     return TuneResult(best, tuple(tried), targets, workload, gpu, max_gpus, price_per_gpu_hour, binding,
