@@ -286,3 +286,15 @@ def test_layout_hours_bars_are_the_fleet_plans_hours(close_figures):
                                                             "TP 8\n(1 replica)"]
     best = min(keys, key=lambda k: options[k].hours)
     assert [b.get_linewidth() == 2 for b in bars] == [k == best for k in keys]
+
+
+# ---- 6.27: moving one prompt's KV cache ------------------------------------------------------
+
+def test_kv_handoff_draws_the_prefill_and_each_transfer(close_figures):
+    transfers = {"NVLink": 0.0024, "a 400 Gb/s port": 0.0215}
+    fig = F.plot_kv_handoff(0.2126, transfers, prompt_label="8,192 tokens")
+    assert_page_figure(fig, categorical="y")
+    ax = fig.axes[0]
+    assert [round(p.get_width(), 6) for p in ax.patches] == [212.6, 2.4, 21.5]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "prefill of 8,192 tokens" and labels[1:] == ["move its KV: NVLink", "move its KV: a 400 Gb/s port"]
