@@ -298,3 +298,18 @@ def test_kv_handoff_draws_the_prefill_and_each_transfer(close_figures):
     assert [round(p.get_width(), 6) for p in ax.patches] == [212.6, 2.4, 21.5]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels[0] == "prefill of 8,192 tokens" and labels[1:] == ["move its KV: NVLink", "move its KV: a 400 Gb/s port"]
+
+
+# ---- 6.23: Lab 8's tactics -----------------------------------------------------------------
+
+def test_tactics_plot_draws_each_recorded_case_at_page_size(close_figures):
+    from servebook.lab.analyses.lab8_batch_tactics import plot_tactics, recorded_tactics_path
+
+    doc = json.loads(recorded_tactics_path().read_text())
+    fig = plot_tactics(doc, title="")
+    assert_page_figure(fig, categorical="y")
+    (ax,) = fig.axes
+    assert ax.get_title() == ""
+    best = {c["name"]: max(r["output_tokens"] / r["wall_s"] for r in c["runs"]) for c in doc["cases"]}
+    drawn = {t.get_text(): p.get_width() for t, p in zip(ax.get_yticklabels(), ax.patches)}
+    assert drawn == pytest.approx(best)
