@@ -313,3 +313,19 @@ def test_tactics_plot_draws_each_recorded_case_at_page_size(close_figures):
     best = {c["name"]: max(r["output_tokens"] / r["wall_s"] for r in c["runs"]) for c in doc["cases"]}
     drawn = {t.get_text(): p.get_width() for t, p in zip(ax.get_yticklabels(), ax.patches)}
     assert drawn == pytest.approx(best)
+
+
+# ---- 6.8: Lab 4's two pools (plot_l4) --------------------------------------------------------
+
+def test_l4_plot_draws_the_recorded_pools_and_throughput_at_page_size(close_figures):
+    from servebook.lab.analyses.lab4_fp8_kv import plot_l4
+
+    m = json.loads((LABS / "l4_fp8_kv_gpu.json").read_text())["measurements"]
+    fig = plot_l4(m)
+    assert_page_figure(fig, categorical="x")       # --kv-cache-dtype values as ticks
+    pools, tput = fig.axes
+    dtypes = m["workload"]["kv_dtypes"]
+    engine = [p.get_height() for p in pools.patches][len(dtypes):]
+    assert engine == pytest.approx([m["engines"][d]["kv_cache_tokens"] / 1e3 for d in dtypes])
+    assert [p.get_height() for p in tput.patches] == pytest.approx(
+        [m["engines"][d]["bench"]["summary"]["output_throughput"] for d in dtypes])
