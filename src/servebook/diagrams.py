@@ -320,14 +320,15 @@ def plot_graph_regimes(capture_max_tokens: int, max_num_batched_tokens: int, *, 
             for regime, (tokens, ms) in recorded.items():
                 y = 1 if regime == "full_graph" else 0
                 ax.plot([tokens], [y - 0.42], "^", color="black", ms=7, gid=f"recorded-{regime}")
-                ax.annotate(f"{ms:.1f} ms", (tokens, y - 0.42), xytext=(0, -9), textcoords="offset points",
-                            ha="center", va="top")
+                right = regime == "eager"            # eager to the right of its marker, graphs to the left
+                ax.annotate(f"{ms:.1f} ms", (tokens, y - 0.42), xytext=(7 if right else -7, 0),
+                            textcoords="offset points", ha="left" if right else "right", va="center")
         ax.set_xscale("log", base=2)
         ticks = [2**i for i in range(0, max_num_batched_tokens.bit_length()) if 2**i <= max_num_batched_tokens]
         ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
         ax.minorticks_off()
         ax.set_xlim(1, max_num_batched_tokens)
-        ax.set_ylim(-1.0, 1.7)
+        ax.set_ylim(-0.8, 1.7)
         ax.set_yticks([1, 0], ["decode only", "with a prefill\nchunk"])
         ax.set_xlabel("tokens in the step (log scale, up to --max-num-batched-tokens)")
         for side in ("top", "right"):
