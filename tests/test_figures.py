@@ -286,3 +286,46 @@ def test_layout_hours_bars_are_the_fleet_plans_hours(close_figures):
                                                             "TP 8\n(1 replica)"]
     best = min(keys, key=lambda k: options[k].hours)
     assert [b.get_linewidth() == 2 for b in bars] == [k == best for k in keys]
+
+
+# ---- 6.27: moving one prompt's KV cache ------------------------------------------------------
+
+def test_kv_handoff_draws_the_prefill_and_each_transfer(close_figures):
+    transfers = {"NVLink": 0.0024, "a 400 Gb/s port": 0.0215}
+    fig = F.plot_kv_handoff(0.2126, transfers, prompt_label="8,192 tokens")
+    assert_page_figure(fig, categorical="y")
+    ax = fig.axes[0]
+    assert [round(p.get_width(), 6) for p in ax.patches] == [212.6, 2.4, 21.5]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "prefill of 8,192 tokens" and labels[1:] == ["move its KV: NVLink", "move its KV: a 400 Gb/s port"]
+
+
+# ---- 6.23: Lab 8's tactics -----------------------------------------------------------------
+
+def test_tactics_plot_draws_each_recorded_case_at_page_size(close_figures):
+    from servebook.lab.analyses.lab8_batch_tactics import plot_tactics, recorded_tactics_path
+
+    doc = json.loads(recorded_tactics_path().read_text())
+    fig = plot_tactics(doc, title="")
+    assert_page_figure(fig, categorical="y")
+    (ax,) = fig.axes
+    assert ax.get_title() == ""
+    best = {c["name"]: max(r["output_tokens"] / r["wall_s"] for r in c["runs"]) for c in doc["cases"]}
+    drawn = {t.get_text(): p.get_width() for t, p in zip(ax.get_yticklabels(), ax.patches)}
+    assert drawn == pytest.approx(best)
+
+
+# ---- 6.8: Lab 4's two pools (plot_l4) --------------------------------------------------------
+
+def test_l4_plot_draws_the_recorded_pools_and_throughput_at_page_size(close_figures):
+    from servebook.lab.analyses.lab4_fp8_kv import plot_l4
+
+    m = json.loads((LABS / "l4_fp8_kv_gpu.json").read_text())["measurements"]
+    fig = plot_l4(m)
+    assert_page_figure(fig, categorical="x")       # --kv-cache-dtype values as ticks
+    pools, tput = fig.axes
+    dtypes = m["workload"]["kv_dtypes"]
+    engine = [p.get_height() for p in pools.patches][len(dtypes):]
+    assert engine == pytest.approx([m["engines"][d]["kv_cache_tokens"] / 1e3 for d in dtypes])
+    assert [p.get_height() for p in tput.patches] == pytest.approx(
+        [m["engines"][d]["bench"]["summary"]["output_throughput"] for d in dtypes])

@@ -78,7 +78,7 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"lab harness": ("servebook.lab", "servebook.lab.errors", "servebook.lab.harness")},
     {"lab recordings": ("servebook.lab.recordings",)},
     {"lab analyses": ("servebook.lab.analyses",), "lab e2e": ("servebook.lab.e2e",)},
-    {"figures": ("servebook.figures",), "drills": ("servebook.drills",), "live": ("servebook.live",)},
+    {"figures": ("servebook.figures", "servebook.diagrams"), "drills": ("servebook.drills",), "live": ("servebook.live",)},
     {"package face": ("servebook",)},
     {"CLI": ("servebook.commands", "servebook.cli", "servebook.__main__")},
 ]

@@ -1479,6 +1479,54 @@ def test_6_25_what_runs_is_several_times_the_logged_bound(model):
         f"6.25 '{model} runs N full-length requests at once, while the start-up log's admission bound says X'"
 
 
+# ---- 6.27 Beyond one engine ------------------------------------------------------------------------------
+
+def test_6_27_an_8k_llama_prompt_is_one_gib_of_kv_and_its_transfer_is_a_fraction_of_its_prefill():
+    # Llama 3.1 8B by hand: 32 layers x 8 KV heads x 128 x (K + V) x 2 bytes = 128 KiB a token
+    per_token = 32 * 8 * 128 * 2 * 2
+    assert kv_cache_layout(load_model_spec("llama-3.1-8b")).kv_bytes_per_token == per_token
+    assert per_token * 8192 == GIB, "6.27 'one 8,192-token prompt of Llama 3.1 8B is 1.00 GiB of KV cache'"
+    from servebook import calibrated_coefficients
+    from servebook.perf.model import prefill_request_s
+
+    coeffs, _ = calibrated_coefficients("H200")
+    prefill = prefill_request_s(load_model_spec("llama-3.1-8b"), get_gpu("H200"), coeffs, prompt_tokens=8192,
+                                max_num_batched_tokens=8192, tp=1)
+    nic = GIB / (400e9 / 8)
+    assert nic < 0.2 * prefill, "6.27 'over one 400-Gb/s port in N ms, a small share of the prefill' (under 20%)"
+
+
+def test_6_27_llama_70b_in_bf16_does_not_fit_one_h200_and_in_fp8_leaves_room_for_kv():
+    from servebook import DEFAULT_GPU_MEMORY_UTILIZATION
+    from servebook.errors import ServebookError
+
+    spec = load_model_spec("llama-3.1-70b")
+    requested = get_gpu("H200").memory_bytes * DEFAULT_GPU_MEMORY_UTILIZATION
+    assert spec.weight_bytes > requested > 1.5 * spec.params.total, \
+        "6.27 'more than one H200 gives vLLM ... at one byte per parameter one H200 keeps the rest for KV cache'"
+    with pytest.raises(ServebookError):
+        make_plan("llama-3.1-70b", gpu="H200", tp=1, max_model_len=8192)
+    make_plan("llama-3.1-70b", gpu="H200", tp=2, max_model_len=8192)      # 'it needs TP 2'
+
+
+def test_6_27_an_mla_latent_is_whole_on_every_tp_rank():
+    # DeepSeek-V3 by hand: 61 layers x (kv_lora_rank 512 + rope 64) x 2 bytes, the same at TP 1 and TP 8
+    cfg = json.loads((BOOK.parent / "src" / "servebook" / "data" / "models" / "deepseek-v3.json").read_text())
+    by_hand = cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+    spec = load_model_spec("deepseek-v3")
+    assert kv_cache_layout(spec).kv_bytes_per_token == kv_cache_layout(spec, tp=8).kv_bytes_per_token == by_hand, \
+        "6.27 'N KiB per token per GPU at TP 1 and N KiB at TP 8'"
+
+
+def test_6_27_every_flag_the_page_names_is_drift_checked(flag_claims):
+    text = "\n".join(line for line in (BOOK / "06-27-beyond-one-engine.md").read_text().splitlines()
+                     if "servebook" not in line)             # servebook's own flags are checked elsewhere
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    assert named and not named - set(flag_claims), f"6.27 names unchecked flags: {sorted(named - set(flag_claims))}"
+    assert {"--kv-transfer-config", "--kv-offloading-size", "--kv-events-config", "--quantization",
+            "--decode-context-parallel-size", "--enable-lora", "--max-loras", "--max-lora-rank"} <= named
+
+
 # 6.26 Interview drills: "every section 6.1-6.25 needs a drill" is tests/test_drills.py::
 # test_at_least_forty_drills_covering_every_section_and_kind.
 

@@ -104,7 +104,7 @@ def test_plot_is_labelled_with_units_and_the_release():
     fig = T.plot_tactics(raw())
     try:
         (ax,) = fig.axes
-        assert "tokens per second" in ax.get_xlabel() and ax.get_ylabel()
+        assert "tokens/s" in ax.get_xlabel() and ax.get_ylabel()
         assert "vLLM 0.26.0" in ax.get_title() and "NVIDIA H200" in ax.get_title()
         assert [t.get_text() for t in ax.get_yticklabels()] == [c["name"] for c in raw()["cases"]]
     finally:

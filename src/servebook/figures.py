@@ -317,3 +317,25 @@ def plot_layout_hours(options: dict[tuple[int, str], object]):
         ax.legend(loc="upper center")
         fig.tight_layout()
     return fig
+
+
+# ---- 6.27: moving one prompt's KV cache -----------------------------------------------------
+
+def plot_kv_handoff(prefill_s: float, transfers_s: dict[str, float], *, prompt_label: str):
+    """Horizontal bars, ms (log scale): the prompt's prefill beside the time to move its KV cache over each
+    link. ``transfers_s`` maps a link's label to seconds (bytes / one-direction bandwidth); each bar is
+    labelled with its time. Returns the figure."""
+    rows = [(f"prefill of {prompt_label}", prefill_s * 1e3, "C3")] + \
+        [(f"move its KV: {name}", s * 1e3, "C0") for name, s in transfers_s.items()]
+    with page_style():
+        fig, ax = page_axes(figsize=(PAGE_FIGSIZE[0], 2.8))
+        for y, (label, ms, colour) in enumerate(rows):
+            ax.barh(y, ms, color=colour)
+            ax.annotate(f"{ms:,.1f} ms", (ms, y), xytext=(4, 0), textcoords="offset points", va="center")
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlim(min(r[1] for r in rows) / 2, max(r[1] for r in rows) * 6)
+        ax.set_xlabel("time, ms (log scale)")
+        fig.tight_layout()
+    return fig

@@ -61,24 +61,30 @@ def change_quantities(m: dict) -> dict[str, float]:
 
 
 def plot_l4(measurements: dict, doc: dict | None = None):
-    """KV tokens (predicted and engine) and output throughput for each KV dtype."""
+    """KV tokens (predicted and engine) and output throughput for each KV dtype.
+
+    Drawn at page width with 10-point text (:mod:`servebook.figure_style`): 6.8 shows it too.
+    """
     import matplotlib.pyplot as plt
+
+    from servebook.figure_style import PAGE_FIGSIZE, page_style
 
     dtypes = measurements["workload"]["kv_dtypes"]
     rows = l4_table(dtypes, measurements["predictions"], measurements["engines"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.4))
-    xs = range(len(rows))
-    a.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted")
-    a.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
-    labels = [d + ("\n(skipped)" if r.get("skipped") == "yes" else "") for d, r in zip(dtypes, rows)]
-    a.set_xticks(list(xs), labels)
-    a.set_xlabel("--kv-cache-dtype")
-    a.set_ylabel("KV cache, thousand tokens")
-    a.legend(fontsize=8)
-    b.bar(list(xs), [r["output tok/s"] or 0 for r in rows], color="C2")
-    b.set_xticks(list(xs), labels)
-    b.set_xlabel("--kv-cache-dtype")
-    b.set_ylabel("output throughput, tokens/s")
-    fig.suptitle(figure_title(doc, "fp8 KV cache: pool size and throughput"), fontsize=9)
-    fig.tight_layout()
+    with page_style():
+        fig, (a, b) = plt.subplots(1, 2, figsize=PAGE_FIGSIZE)
+        xs = range(len(rows))
+        a.bar([x - 0.2 for x in xs], [r["tokens predicted"] / 1e3 for r in rows], 0.4, label="predicted")
+        a.bar([x + 0.2 for x in xs], [(r["tokens engine"] or 0) / 1e3 for r in rows], 0.4, label="engine log")
+        labels = [d + ("\n(skipped)" if r.get("skipped") == "yes" else "") for d, r in zip(dtypes, rows)]
+        a.set_xticks(list(xs), labels)
+        a.set_xlabel("--kv-cache-dtype")
+        a.set_ylabel("KV cache, thousands of tokens")
+        a.legend(loc="upper left")
+        b.bar(list(xs), [r["output tok/s"] or 0 for r in rows], color="C2")
+        b.set_xticks(list(xs), labels)
+        b.set_xlabel("--kv-cache-dtype")
+        b.set_ylabel("output throughput, tokens/s")
+        fig.suptitle(figure_title(doc, "fp8 KV cache: pool size and throughput"))
+        fig.tight_layout()
     return fig

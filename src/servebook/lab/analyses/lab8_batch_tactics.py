@@ -415,17 +415,21 @@ def max_prefix_hit_tokens(doc: dict) -> int:
 
 
 def plot_tactics(doc: dict, title: str | None = None):
-    """Horizontal bars: output tokens per second of each case (best repeat). Returns the figure."""
-    import matplotlib.pyplot as plt
+    """Horizontal bars: output tokens per second of each case (best repeat), drawn in the chapter page's
+    style (:mod:`servebook.figure_style`; section 6.23 shows it). ``title=""`` draws none (a page's
+    caption says it). Returns the figure."""
+    from servebook.figure_style import page_axes, page_style
 
     rows = tactics_rows(doc)
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh([r["case"] for r in rows], [r["out tok/s"] for r in rows], color="tab:blue")
-    ax.set_xlabel("output tokens per second (whole job, best repeat)")
-    ax.set_ylabel("case")
-    ax.set_title(title or f"Lab 8, {doc['profile']}: {doc['gpu'].get('name')}, vLLM {doc['vllm_version']}")
-    ax.invert_yaxis()
-    fig.tight_layout()
+    with page_style():
+        fig, ax = page_axes(figsize=(7, 3.2))
+        ax.barh([r["case"] for r in rows], [r["out tok/s"] for r in rows], color="tab:blue")
+        ax.set_xlabel("output tokens/s (whole job, best repeat)")
+        ax.set_ylabel("case")
+        if title != "":
+            ax.set_title(title or f"Lab 8, {doc['profile']}: {doc['gpu'].get('name')}, vLLM {doc['vllm_version']}")
+        ax.invert_yaxis()
+        fig.tight_layout()
     return fig
 
 
