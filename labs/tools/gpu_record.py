@@ -156,6 +156,10 @@ STARTUP_ARGS = {
     "util50": dict(enforce_eager=True, max_model_len=8192, gpu_memory_utilization=0.50,
                    max_num_batched_tokens=4096),
     "graphs": dict(max_model_len=16384, gpu_memory_utilization=0.90),
+    # LoRA reserves its stacked adapter tensors for max_loras slots of max_lora_rank on every
+    # module adapters may touch, and the profiling run carries dummy adapters (issue 40).
+    "lora": dict(enforce_eager=True, max_model_len=16384, gpu_memory_utilization=0.90,
+                 enable_lora=True, max_loras=4, max_lora_rank=64, max_cpu_loras=4),
 }
 
 
