@@ -40,6 +40,7 @@ from servebook._version import __version__
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.hardware import get_gpu, gpu_names
 from servebook.hf_config import load_model_spec, reference_model_ids
+from servebook.lora import LoraSettings
 from servebook.kv_cache import (
     capacity,
     default_async_scheduling,
@@ -118,6 +119,7 @@ __all__ = [
     "prefill_step",
     "read_startup_log",
     "reference_model_ids",
+    "LoraSettings",
     "running_concurrency",
     "simulate",
     "synthetic_workload",
