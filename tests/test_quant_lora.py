@@ -44,8 +44,9 @@ def test_gptq_act_order_adds_the_two_int32_index_vectors_and_drops_zero_points()
     ordered = load_model_spec(_cfg({**base, "desc_act": True})).weight_bytes
     # Symmetric GPTQ on Marlin keeps no zero points: values + 16-bit group scales only.
     assert plain == LAYERS * sum(r * c // 2 + r * (c // 128) * 2 for r, c in PROJ) + SIXTEEN_BIT
-    # desc_act: g_idx and its sort indices, one int32 each per input feature of every projection.
-    assert ordered - plain == LAYERS * sum(2 * 4 * c for _, c in PROJ)
+    # desc_act: g_idx and its sort indices, one int32 each per input feature of every *fused* layer
+    # vLLM builds: qkv_proj (H), o_proj (Q), gate_up_proj (H), down_proj (I).
+    assert ordered - plain == LAYERS * 2 * 4 * (H + Q + H + I)
     # group_size -1 makes act order meaningless (one group): vLLM turns it off.
     assert load_model_spec(_cfg({**base, "group_size": -1, "desc_act": True})).weight_bytes == \
         load_model_spec(_cfg({**base, "group_size": -1, "desc_act": False})).weight_bytes

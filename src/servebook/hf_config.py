@@ -538,11 +538,11 @@ def _check_top_k(f: _Fields, k: int, experts: int) -> None:
 def _routed_experts(hidden: int, moe: MoESpec, bias: bool) -> list[_Tensor]:
     """All routed experts of one MoE layer (gate, up, down; optional biases)."""
     e, k, inter = moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size
-    kw = dict(copies=e, active_copies=k, module="experts")
+    kw = dict(copies=e, active_copies=k)
     return (
-        _linear(EXPERTS, inter, hidden, bias, **kw)
-        + _linear(EXPERTS, inter, hidden, bias, **kw)
-        + _linear(EXPERTS, hidden, inter, bias, **kw)
+        _linear(EXPERTS, inter, hidden, bias, module="experts", **kw)
+        + _linear(EXPERTS, inter, hidden, bias, module="experts.up_proj", **kw)   # fused into w13
+        + _linear(EXPERTS, hidden, inter, bias, module="experts", **kw)
     )
 
 
@@ -792,6 +792,10 @@ def _named(model: _Model) -> list[tuple[str, _Tensor]]:
     return out
 
 
+#: Projections vLLM fuses into the one before them (same input): qkv_proj, gate_up_proj, the experts' w13.
+_FUSED_INTO_PREVIOUS = frozenset({"k_proj", "v_proj", "up_proj", "experts.up_proj"})
+
+
 def _is_quantized(q: Quantization, name: str, t: _Tensor) -> bool:
     """Whether vLLM quantizes this tensor: 2-D projections of the decoder layers (the LM head only
     when the config says so, embeddings never), less the modules the config excludes."""
@@ -822,7 +826,7 @@ def _weight_bytes(named: list[tuple[str, _Tensor]], dtype: str, quant: Mapping |
     total = 0
     for name, t in named:
         if _is_quantized(q, name, t):
-            total += q.matrix_bytes(t.rows, t.cols) * t.copies
+            total += q.matrix_bytes(t.rows, t.cols, owns_g_idx=t.module not in _FUSED_INTO_PREVIOUS) * t.copies
         else:
             total += t.numel * 2
     return total

@@ -118,8 +118,13 @@ class Quantization:
                 "awq", "gptq", "wna16") else f"{self.scheme.name} g{self.group_size}"
         return self.scheme.name
 
-    def matrix_bytes(self, rows: int, cols: int) -> int:
-        """Resident bytes of one quantized ``rows x cols`` projection (values, scales, zeros, g_idx)."""
+    def matrix_bytes(self, rows: int, cols: int, *, owns_g_idx: bool = True) -> int:
+        """Resident bytes of one quantized ``rows x cols`` projection (values, scales, zeros, g_idx).
+
+        ``owns_g_idx=False`` for a projection vLLM fuses with a preceding one of the same input
+        (``k_proj``/``v_proj`` into ``qkv_proj``, ``up_proj`` into ``gate_up_proj``): the fused layer
+        keeps one act-order index pair for its input features, not one per part.
+        """
         values = math.ceil(rows * cols * self.value_bits / 8)
         kind = self.scheme.scale
         scale_bytes = self.scheme.scale_bytes or _MODEL_DTYPE_BYTES
@@ -134,7 +139,7 @@ class Quantization:
         else:  # tensor
             scales = 1
         zeros = math.ceil(scales * self.zero_bits / 8) if kind == "group" else 0
-        g_idx = 2 * cols * 4 if self.act_order else 0
+        g_idx = 2 * cols * 4 if self.act_order and owns_g_idx else 0
         return values + scales * scale_bytes + zeros + g_idx + 4 * self.fp32_per_matrix
 
     def skips(self, module: str) -> bool:
