@@ -185,3 +185,16 @@ def test_plan_cli_refuses_bad_lora_flags(flags, message, capsys):
 def test_lora_on_moe_is_refused_not_guessed():
     with pytest.raises(ServebookError, match="mixture of experts"):
         make_plan("qwen3-30b-a3b", gpu="H200", max_model_len=8192, lora=LoraSettings())
+
+
+def test_step_times_of_unmeasured_kernels_are_refused_not_guessed():
+    from servebook.perf.model import check_step_time_modelled
+
+    with pytest.raises(ServebookError, match="run by Marlin.*not modelled"):
+        check_step_time_modelled(load_model_spec("llama-3.1-8b-awq-int4"), "H200-SXM-141GB")
+    # MXFP4 experts are priced on the H200 (recorded there), not on an A100's weight-only fallback.
+    check_step_time_modelled(load_model_spec("gpt-oss-20b"), "H200-SXM-141GB")
+    with pytest.raises(ServebookError, match="weight-only"):
+        check_step_time_modelled(load_model_spec("gpt-oss-20b"), "A100-SXM-80GB")
+    check_step_time_modelled(load_model_spec("qwen3-32b-fp8"), "H200-SXM-141GB")   # native FP8
+    check_step_time_modelled(load_model_spec("llama-3.1-8b"), "A100-SXM-80GB")      # 16-bit
