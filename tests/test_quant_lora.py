@@ -198,3 +198,16 @@ def test_step_times_of_unmeasured_kernels_are_refused_not_guessed():
         check_step_time_modelled(load_model_spec("gpt-oss-20b"), "A100-SXM-80GB")
     check_step_time_modelled(load_model_spec("qwen3-32b-fp8"), "H200-SXM-141GB")   # native FP8
     check_step_time_modelled(load_model_spec("llama-3.1-8b"), "A100-SXM-80GB")      # 16-bit
+
+
+def test_gptq_modules_in_block_to_quantize_limits_what_is_quantized():
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+    every = [["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj"], ["self_attn.o_proj"],
+             ["mlp.up_proj", "mlp.gate_proj"], ["mlp.down_proj"]]
+    assert load_model_spec(_cfg({**base, "modules_in_block_to_quantize": every})).weight_bytes == \
+        load_model_spec(_cfg(base)).weight_bytes
+    attention_only = load_model_spec(_cfg({**base, "modules_in_block_to_quantize": every[:2]})).weight_bytes
+    mlp = PROJ[4:]
+    gptq = lambda r, c: r * c // 2 + r * (c // 128) * 2
+    assert attention_only - load_model_spec(_cfg(base)).weight_bytes == LAYERS * sum(r * c * 2 - gptq(r, c)
+                                                                                    for r, c in mlp)

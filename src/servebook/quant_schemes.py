@@ -107,6 +107,8 @@ class Quantization:
     ignore_style: str = "substring"
     experts_only: bool = False
     fp32_per_matrix: int = field(default=0)
+    #: GPTQ ``modules_in_block_to_quantize`` (flattened): only these modules are quantized; () = all.
+    only: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -144,6 +146,8 @@ class Quantization:
 
     def skips(self, module: str) -> bool:
         """Whether the module (a vLLM-style dotted name such as ``model.layers.0.mlp.down_proj``) stays 16-bit."""
+        if self.only and not any(m in module for m in self.only):
+            return True
         for pattern in self.ignore:
             if self.ignore_style == "exact":
                 if pattern.startswith("re:"):
@@ -258,8 +262,10 @@ def resolve(quant: Mapping | None) -> Quantization | None:
                               "GPTQ checkpoint.")
         group = _int(quant, "group_size")
         act_order = bool(quant.get("desc_act", False)) and group != -1  # one group: order is irrelevant
+        listed = quant.get("modules_in_block_to_quantize") or ()
+        only = tuple(m for entry in listed for m in (entry if isinstance(entry, (list, tuple)) else [entry]))
         return Quantization(s["gptq"], method, bits, group_size=group, act_order=act_order,
-                            lm_head=bool(quant.get("lm_head", False)))
+                            lm_head=bool(quant.get("lm_head", False)), only=only)
     if method == "fp8":
         block = quant.get("weight_block_size")
         static = 1 if quant.get("activation_scheme") == "static" else 0

@@ -19,6 +19,21 @@ from servebook.memory import GIB, memory_budget, vllm_batch_defaults
 from servebook.startup_log import parse_startup_log
 
 
+def dummy_load_artifact(case: dict) -> str | None:
+    """Why a dummy-weights start-up does not show the checkpoint's storage, or None when it does.
+
+    vLLM 0.26.0/0.27.1 (``AutoGPTQConfig.maybe_update_config``) take the GPTQ layers to quantize from
+    ``modules_in_block_to_quantize`` or, when the config has none, from the dtypes of the checkpoint's
+    safetensors; ``load_format="dummy"`` has no safetensors, so every layer loads 16-bit.
+    """
+    quant = (case.get("config") or {}).get("quantization_config") or {}
+    if (str(quant.get("quant_method", "")).lower() == "gptq" and not quant.get("modules_in_block_to_quantize")
+            and case.get("engine_args", {}).get("load_format", "dummy") == "dummy"):
+        return ("GPTQ without modules_in_block_to_quantize under dummy weights: vLLM found no safetensors "
+                "dtypes and loaded every layer 16-bit")
+    return None
+
+
 @dataclass(frozen=True)
 class StartupComparison:
     """One recorded start-up beside its prediction (bytes and tokens; errors in percent)."""
@@ -61,8 +76,11 @@ class StartupComparison:
                 f"  tokens {f(self.predicted_kv_tokens, self.logged_kv_tokens, self.kv_tokens_error_pct, 1, '{:,.0f}')}")
 
 
-def compare_startup_case(case: dict) -> StartupComparison:
+def compare_startup_case(case: dict, gpu_total_memory_bytes: int | None = None) -> StartupComparison:
     """Predict one recorded start-up case (``gpu_record.py`` schema) and pair it with its log.
+
+    ``gpu_total_memory_bytes``: the device total when the log stops before the engine prints it
+    (a case killed during its warm-up, after the KV cache was sized); the file's ``gpu`` block has it.
 
     Raises:
         ServebookError: the case lacks a config, engine arguments or a log with the GPU total.
@@ -73,10 +91,14 @@ def compare_startup_case(case: dict) -> StartupComparison:
         raise ServebookError("a start-up case needs 'config', 'engine_args' and 'log' "
                              "(labs/tools/gpu_record.py startup writes them)") from None
     log = parse_startup_log(text)
-    if not log.total_memory_gib:
-        raise ServebookError(f"{case.get('name')}: the log states no GPU total; is it a GPU start-up?")
+    if log.total_memory_gib:
+        total = round(log.total_memory_gib * GIB)
+    elif gpu_total_memory_bytes:
+        total = int(gpu_total_memory_bytes)
+    else:
+        raise ServebookError(f"{case.get('name')}: the log states no GPU total; pass gpu_total_memory_bytes "
+                             "(the recording's gpu.total_memory_bytes)")
     spec = load_model_spec(config, name=case.get("model_id"))
-    total = round(log.total_memory_gib * GIB)
     max_model_len = kw.get("max_model_len") or log.max_model_len or spec.max_position_embeddings
     default_tokens, default_seqs = vllm_batch_defaults(total, "NVIDIA H200", usage_context="LLM_CLASS",
                                                        max_model_len=max_model_len)
