@@ -6,6 +6,9 @@ concept:
 
     model_spec    what a model is, as the calculators see it (dataclasses)
     hf_config     config.json -> ModelSpec, with parameter counts
+    quant_schemes quantized checkpoints: the scheme a quantization_config names, its bytes, its kernels
+                  by GPU (data/quant_schemes.toml)
+    lora          LoRA adapter slots (--enable-lora) in the memory budget
     hardware      the GPU catalogue (data/gpus.toml)
     vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation),
                   and the vLLM releases described (release: PINNED_VLLM, GPU_LAB_VLLM)
