@@ -307,7 +307,10 @@ def test_layer_types_length_mismatch():
 
 
 def test_unsupported_quantization_is_reported():
-    with pytest.raises(ConfigError, match="quant_method"):
+    with pytest.raises(ConfigError, match="quant_method 'bitsandbytes' is not modelled"):
+        load_model_spec(_with(LLAMA_8B_SHAPE, quantization_config={"quant_method": "bitsandbytes"}))
+    # A modelled method with a field missing names the field (AWQ needs its bit width).
+    with pytest.raises(ConfigError, match="lacks 'bits'"):
         load_model_spec(_with(LLAMA_8B_SHAPE, quantization_config={"quant_method": "awq"}))
 
 

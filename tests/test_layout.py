@@ -66,9 +66,10 @@ def test_the_import_check_sees_lazy_imports(tmp_path):
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"foundations": ("servebook.errors", "servebook.model_spec", "servebook._version", "servebook.vllm_rules",
                      "servebook.reductions", "servebook.hardware", "servebook.shipped", "servebook.provenance",
-                     "servebook.cpu_features", "servebook.figure_style")},
+                     "servebook.cpu_features", "servebook.figure_style", "servebook.quant_schemes")},
     {"model inputs": ("servebook.hf_config", "servebook.kv_cache", "servebook.memory", "servebook.memory_fit",
-                      "servebook.startup_log", "servebook.records", "servebook.engine_env", "servebook.tiny_model")},
+                      "servebook.startup_log", "servebook.records", "servebook.engine_env", "servebook.tiny_model",
+                      "servebook.lora")},
     # the deployment every model prices (issue 35): below them all
     {"plan": ("servebook.plan",)},
     {"perf": ("servebook.perf",), "batch": ("servebook.batch",)},

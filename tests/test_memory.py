@@ -65,7 +65,8 @@ def test_budget_by_hand():
         weights, activation, non_torch, graphs)
     assert b.available_kv_bytes == requested - weights - activation - non_torch - graphs
     assert b.available_kv_gib == pytest.approx(b.available_kv_bytes / GIB)
-    assert b.claims() == {"weights": weights, "peak_activation": activation, "non_torch": non_torch, "cudagraph": graphs}
+    assert b.claims() == {"weights": weights, "lora": 0, "peak_activation": activation, "non_torch": non_torch,
+                          "cudagraph": graphs}
 
 
 def test_tp_splits_weights_and_uses_the_multi_gpu_non_torch_figure():

@@ -1658,3 +1658,26 @@ def test_moe_page_wide_experts_run_nearer_the_peak_on_the_recorded_kernel():
         assert abs(pt["rows"] - 512) < 0.02 * 512, (label, pt["rows"])
         eff[label] = pt["flops"] / pt["seconds"] / peak
     assert eff["mixtral-8x7b"] > eff["qwen3-30b-a3b"] + 0.05
+
+
+def test_memory_budget_quantized_and_lora_sentences():
+    """6.5 "Quantized checkpoints and LoRA adapters": the 16-bit 70B does not fit one H100 while its AWQ
+    checkpoint does; the weights shrink "but not by the bit ratio" (more than a quarter of 16-bit);
+    the AWQ 8B has more KV tokens; the LoRA slots cost KV tokens."""
+    from servebook import DoesNotFitError, LoraSettings
+
+    with pytest.raises(DoesNotFitError, match="use --tp 2"):
+        make_plan("llama-3.1-70b", gpu="H100", max_model_len=16384)
+    q70 = make_plan("llama-3.1-70b-awq-int4", gpu="H100", max_model_len=16384)
+    assert q70.capacity.kv_cache_tokens >= 16384, "6.5: the AWQ 70B serves one full request on one H100"
+    w70 = load_model_spec("llama-3.1-70b").weight_bytes
+    assert w70 / 4 < q70.spec.weight_bytes < w70 / 2, "6.5: int4 weights are more than a quarter of 16-bit"
+    dense = make_plan("llama-3.1-8b", gpu="H100", max_model_len=16384)
+    awq = make_plan("llama-3.1-8b-awq-int4", gpu="H100", max_model_len=16384)
+    assert awq.capacity.kv_cache_tokens > dense.capacity.kv_cache_tokens, "6.5: AWQ frees KV tokens"
+    with_lora = make_plan("llama-3.1-8b-awq-int4", gpu="H100", max_model_len=16384,
+                          lora=LoraSettings(max_loras=8, max_lora_rank=64))
+    assert with_lora.capacity.kv_cache_tokens < awq.capacity.kv_cache_tokens, "6.5: LoRA slots cost KV tokens"
+    # "FP8 weights need compute capability 8.9 ... an A100 runs them weight-only through Marlin"
+    a100 = make_plan("qwen3-32b-fp8", gpu="A100", max_model_len=8192)
+    assert not a100.kernel.native and "Marlin" in a100.kernel.kernel and "8.9" in a100.kernel.note

@@ -46,6 +46,13 @@ PUBLISHED_TOTALS = [
     # Gemma 4 model card: 31B dense "30.7B"; 26B A4B "25.2B total, 3.8B active".
     # These match text-only counts (the ~550M vision encoder is not included).
     ("gemma-4-31b", 30.7 * B),
+    # Quantized checkpoints of the same models (issue 40): the same shapes, so the same parameters
+    # as the base model's published count (packing changes bytes, not parameters).
+    ("llama-3.1-8b-awq-int4", 8.03 * B),
+    ("llama-3.1-8b-gptq-int4", 8.03 * B),
+    ("llama-3.1-8b-w8a8", 8.03 * B),
+    ("llama-3.1-70b-awq-int4", 70.6 * B),
+    ("qwen3-32b-fp8", 32.8 * B),
     ("gemma-4-26b-a4b", 25.2 * B),
 ]
 

@@ -137,12 +137,34 @@ def run_case(case: dict, timeout_s: float) -> dict:
     return out
 
 
+#: GPTQ layers of a Llama-style block, as GPTQModel writes ``modules_in_block_to_quantize``.
+GPTQ_BLOCK_MODULES = [["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj"], ["self_attn.o_proj"],
+                      ["mlp.up_proj", "mlp.gate_proj"], ["mlp.down_proj"]]
+
+
+def dummy_ready(cfg: dict) -> tuple[dict, str | None]:
+    """The config as a dummy-weights engine must see it, and what was added (None: unchanged).
+
+    vLLM (``AutoGPTQConfig.maybe_update_config``) takes the GPTQ layers to quantize from
+    ``modules_in_block_to_quantize`` or else from the checkpoint's safetensors dtypes; with
+    ``load_format="dummy"`` there are none and every layer would load 16-bit. Naming every
+    projection of the block is what a real checkpoint's safetensors say.
+    """
+    quant = cfg.get("quantization_config") or {}
+    if str(quant.get("quant_method", "")).lower() != "gptq" or quant.get("modules_in_block_to_quantize"):
+        return cfg, None
+    out = dict(cfg, quantization_config=dict(quant, modules_in_block_to_quantize=GPTQ_BLOCK_MODULES))
+    return out, "added quantization_config.modules_in_block_to_quantize (every block projection) for dummy weights"
+
+
 def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None,
               environment: dict | None = None) -> dict:
     """One engine to run; ``environment``: variables set for its process only (recorded with the case)."""
-    cfg = engine_config(model_id)
+    cfg, adjusted = dummy_ready(engine_config(model_id))
     case = {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
             "engine_args": engine_args, "timing": timing}
+    if adjusted:
+        case["config_adjustment"] = adjusted
     if environment:
         case["environment"] = dict(environment)
     return case
@@ -156,6 +178,10 @@ STARTUP_ARGS = {
     "util50": dict(enforce_eager=True, max_model_len=8192, gpu_memory_utilization=0.50,
                    max_num_batched_tokens=4096),
     "graphs": dict(max_model_len=16384, gpu_memory_utilization=0.90),
+    # LoRA reserves its stacked adapter tensors for max_loras slots of max_lora_rank on every
+    # module adapters may touch, and the profiling run carries dummy adapters (issue 40).
+    "lora": dict(enforce_eager=True, max_model_len=16384, gpu_memory_utilization=0.90,
+                 enable_lora=True, max_loras=4, max_lora_rank=64, max_cpu_loras=4),
 }
 
 

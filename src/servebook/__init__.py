@@ -6,6 +6,9 @@ concept:
 
     model_spec    what a model is, as the calculators see it (dataclasses)
     hf_config     config.json -> ModelSpec, with parameter counts
+    quant_schemes quantized checkpoints: the scheme a quantization_config names, its bytes, its kernels
+                  by GPU (data/quant_schemes.toml)
+    lora          LoRA adapter slots (--enable-lora) in the memory budget
     hardware      the GPU catalogue (data/gpus.toml)
     vllm_rules    vLLM 0.27.1's defaults and rules, one home each (cache, scheduler, parallel, compilation),
                   and the vLLM releases described (release: PINNED_VLLM, GPU_LAB_VLLM)
@@ -40,6 +43,7 @@ from servebook._version import __version__
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.hardware import get_gpu, gpu_names
 from servebook.hf_config import load_model_spec, reference_model_ids
+from servebook.lora import LoraSettings
 from servebook.kv_cache import (
     capacity,
     default_async_scheduling,
@@ -118,6 +122,7 @@ __all__ = [
     "prefill_step",
     "read_startup_log",
     "reference_model_ids",
+    "LoraSettings",
     "running_concurrency",
     "simulate",
     "synthetic_workload",

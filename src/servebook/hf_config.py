@@ -27,9 +27,12 @@ Approximations (documented, deliberate):
 * Checkpoints stored in float32 are counted at 2 bytes per parameter, as vLLM's
   ``--dtype auto`` serves them in 16-bit (``_resolve_auto_dtype`` in
   ``vllm/config/model.py``, 0.27.1: "Downcast for float32 models").
-* Quantized checkpoints: ``mxfp4`` (gpt-oss: routed experts only, as its
-  ``modules_to_not_convert`` says) and block ``fp8`` (DeepSeek-V3) are modelled;
-  other ``quant_method`` values raise :class:`ConfigError`.
+* Quantized checkpoints (:mod:`servebook.quant_schemes`): AWQ, GPTQ, FP8 (per tensor
+  or in blocks), compressed-tensors (W8A8, W4A16/W8A16, NVFP4), ModelOpt (NVFP4, FP8) and
+  MXFP4 (gpt-oss experts) are sized as vLLM keeps them on a CUDA GPU; other
+  ``quant_method`` values raise :class:`ConfigError`. Excluded modules are matched by
+  vLLM-style names (``model.layers.N.self_attn.q_proj``); a multimodal wrapper's
+  ``language_model`` prefix is not reproduced.
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ from typing import Any, Callable, Mapping
 
 from servebook.errors import ConfigError
 from servebook.model_spec import AttentionLayer, ModelSpec, MoESpec, ParamCount
+from servebook.quant_schemes import Quantization
+from servebook.quant_schemes import resolve as resolve_quantization
 
 # ---------------------------------------------------------------------------
 # Reference configs shipped with the package
@@ -248,6 +253,9 @@ class _Tensor:
     copies: int = 1
     linear: bool = False
     active_copies: int | None = None
+    #: the projection's name inside its block as vLLM names it (``q_proj``, ``down_proj``,
+    #: ``experts``); "" when not named. Quantization configs exclude modules by these names.
+    module: str = ""
 
     @property
     def numel(self) -> int:
@@ -260,8 +268,9 @@ class _Tensor:
 
 
 def _linear(category: str, out_features: int, in_features: int, bias: bool = False, **kw) -> list[_Tensor]:
-    """A linear layer: its weight, plus a bias vector when ``bias``."""
-    out = [_Tensor(category, out_features, in_features, linear=True, **kw)]
+    """A linear layer: its weight, plus a bias vector when ``bias`` (``module`` names the weight)."""
+    module = kw.pop("module", "")
+    out = [_Tensor(category, out_features, in_features, linear=True, module=module, **kw)]
     if bias:
         out.append(_Tensor(category, out_features, copies=kw.get("copies", 1), active_copies=kw.get("active_copies")))
     return out
@@ -270,9 +279,9 @@ def _linear(category: str, out_features: int, in_features: int, bias: bool = Fal
 def _gated_mlp(category: str, hidden: int, inter: int, **kw) -> list[_Tensor]:
     """gate_proj + up_proj + down_proj (SwiGLU / GeGLU), no biases."""
     return (
-        _linear(category, inter, hidden, **kw)
-        + _linear(category, inter, hidden, **kw)
-        + _linear(category, hidden, inter, **kw)
+        _linear(category, inter, hidden, module="gate_proj", **kw)
+        + _linear(category, inter, hidden, module="up_proj", **kw)
+        + _linear(category, hidden, inter, module="down_proj", **kw)
     )
 
 
@@ -419,12 +428,12 @@ def _gqa_attention_tensors(
     """q/k/v/o projections (+ biases, q/k norms) of a grouped-query attention layer."""
     hidden = f.int("hidden_size")
     q_heads = f.int("num_attention_heads")
-    t = _linear(ATTENTION, q_heads * head_dim, hidden, qkv_bias)
+    t = _linear(ATTENTION, q_heads * head_dim, hidden, qkv_bias, module="q_proj")
     if owns_kv:
-        t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias)
+        t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias, module="k_proj")
         if has_v:
-            t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias)
-    t += _linear(ATTENTION, hidden, q_heads * head_dim, o_bias)
+            t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias, module="v_proj")
+    t += _linear(ATTENTION, hidden, q_heads * head_dim, o_bias, module="o_proj")
     if qk_norm:
         t.append(_Tensor(ATTENTION, head_dim))  # q_norm
         if owns_kv:
@@ -531,9 +540,9 @@ def _routed_experts(hidden: int, moe: MoESpec, bias: bool) -> list[_Tensor]:
     e, k, inter = moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size
     kw = dict(copies=e, active_copies=k)
     return (
-        _linear(EXPERTS, inter, hidden, bias, **kw)
-        + _linear(EXPERTS, inter, hidden, bias, **kw)
-        + _linear(EXPERTS, hidden, inter, bias, **kw)
+        _linear(EXPERTS, inter, hidden, bias, module="experts", **kw)
+        + _linear(EXPERTS, inter, hidden, bias, module="experts.up_proj", **kw)   # fused into w13
+        + _linear(EXPERTS, hidden, inter, bias, module="experts", **kw)
     )
 
 
@@ -760,46 +769,67 @@ def _dtype(cfg: Mapping, text: Mapping) -> str:
     return value
 
 
-def _weight_bytes(tensors: list[_Tensor], dtype: str, quant: Mapping | None) -> int:
-    """Bytes of all weights as the engine loads them.
+#: Where a tensor of each category sits in vLLM's module tree, for its dotted name.
+_BLOCK = {ATTENTION: "self_attn", MLP_DENSE: "mlp", EXPERTS: "mlp", OTHER: ""}
+
+
+def _module_name(layer: int | None, t: _Tensor) -> str:
+    """A vLLM-style dotted name (``model.layers.3.self_attn.q_proj``) that exclusion lists match."""
+    if t.category == EMBEDDING:
+        return "model.embed_tokens"
+    if t.category == LM_HEAD:
+        return "lm_head"
+    parts = ["model"] + ([f"layers.{layer}"] if layer is not None else [])
+    parts += [p for p in (_BLOCK.get(t.category, ""), t.module) if p]
+    return ".".join(parts)
+
+
+def _named(model: _Model) -> list[tuple[str, _Tensor]]:
+    """Every tensor with its module name (global tensors first, then layer by layer)."""
+    out = [(_module_name(None, t), t) for t in model.global_tensors]
+    for i, layer in enumerate(model.layers):
+        out += [(_module_name(i, t), t) for t in layer.tensors]
+    return out
+
+
+#: Projections vLLM fuses into the one before them (same input): qkv_proj, gate_up_proj, the experts' w13.
+_FUSED_INTO_PREVIOUS = frozenset({"k_proj", "v_proj", "up_proj", "experts.up_proj"})
+
+
+def _is_quantized(q: Quantization, name: str, t: _Tensor) -> bool:
+    """Whether vLLM quantizes this tensor: 2-D projections of the decoder layers (the LM head only
+    when the config says so, embeddings never), less the modules the config excludes."""
+    if not t.linear or t.category == EMBEDDING:
+        return False
+    if t.category == LM_HEAD and not q.lm_head:
+        return False
+    if q.experts_only and t.category != EXPERTS:
+        return False
+    return not q.skips(name)
+
+
+def _weight_bytes(named: list[tuple[str, _Tensor]], dtype: str, quant: Mapping | None) -> int:
+    """Bytes of all weights as the engine keeps them on a CUDA GPU after loading.
 
     * no quantization_config: every tensor at the served 16-bit width;
-    * ``mxfp4`` (gpt-oss): routed-expert matrices at 17/32 byte per value
-      (values + scales), everything else (attention, router, embeddings, biases) 16-bit;
-    * ``fp8`` (DeepSeek-V3): 2-D projection weights of the decoder layers at
-      1 byte plus one float32 scale per ``weight_block_size`` block (or per
-      tensor without blocks); embeddings, lm_head, norms and router 16-bit.
+    * otherwise (:func:`servebook.quant_schemes.resolve`): each quantized projection at
+      :meth:`~servebook.quant_schemes.Quantization.matrix_bytes` (packed values, scales, zero
+      points, act-order indices) times its copies (routed experts); everything else 16-bit:
+      embeddings, norms, routers, biases, the LM head (unless quantized) and excluded modules
+      (``modules_to_not_convert``, ``ignore``, ``exclude_modules``). MXFP4 (gpt-oss) converts
+      the routed experts only; block ``fp8`` (DeepSeek-V3) every projection but the head.
     """
     base = _DTYPE_BYTES[dtype]
-    if not quant:
-        return sum(t.numel for t in tensors) * base
-    method = quant.get("quant_method")
-    if method == "mxfp4":
-        total = 0
-        for t in tensors:
-            if t.category == EXPERTS and t.linear:
-                values = t.rows * t.cols
-                total += (values // 2 + math.ceil(values / 32)) * t.copies
-            else:
-                total += t.numel * 2
-        return total
-    if method == "fp8":
-        block = quant.get("weight_block_size")
-        total = 0
-        for t in tensors:
-            if t.linear and t.category not in (EMBEDDING, LM_HEAD):
-                if block:
-                    scales = math.ceil(t.rows / block[0]) * math.ceil(t.cols / block[1])
-                else:
-                    scales = 1
-                total += (t.rows * t.cols + 4 * scales) * t.copies
-            else:
-                total += t.numel * 2
-        return total
-    raise ConfigError(
-        f"quantization_config.quant_method {method!r} is not modelled; supported: fp8, mxfp4 "
-        "(or remove quantization_config for a 16-bit checkpoint)."
-    )
+    q = resolve_quantization(quant)
+    if q is None:
+        return sum(t.numel for _, t in named) * base
+    total = 0
+    for name, t in named:
+        if _is_quantized(q, name, t):
+            total += q.matrix_bytes(t.rows, t.cols, owns_g_idx=t.module not in _FUSED_INTO_PREVIOUS) * t.copies
+        else:
+            total += t.numel * 2
+    return total
 
 
 # ---------------------------------------------------------------------------
@@ -859,7 +889,7 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
     cfg, default_name, where = _resolve_source(source)
     arch, _family_name, text, f, model = _describe(cfg)
     _check_head_groups(f, model)
-    tensors = model.global_tensors + [t for layer in model.layers for t in layer.tensors]
+    named = _named(model)
     dtype = _dtype(cfg, text)
     quant = cfg.get("quantization_config") or text.get("quantization_config")
     return ModelSpec(
@@ -871,9 +901,9 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         max_position_embeddings=f.int("max_position_embeddings", 0, minimum=0),
         layers=tuple(layer.attention for layer in model.layers),
         params=_param_count(model),
-        weight_bytes=_weight_bytes(tensors, dtype, quant),
-        moe=_with_expert_bytes(model.moe, tensors, dtype, quant),
-        tie_word_embeddings=not any(t.category == LM_HEAD for t in tensors),
+        weight_bytes=_weight_bytes(named, dtype, quant),
+        moe=_with_expert_bytes(model.moe, named, dtype, quant),
+        tie_word_embeddings=not any(t.category == LM_HEAD for _, t in named),
         intermediate_size=model.intermediate_size,
         torch_dtype=dtype,
         source=where,
@@ -903,13 +933,21 @@ def _check_head_groups(f: _Fields, model: _Model) -> None:
                 "-- copy the model's published config.json")
 
 
-def _with_expert_bytes(moe: MoESpec | None, tensors: list[_Tensor], dtype: str, quant: Mapping | None):
+def _with_expert_bytes(moe: MoESpec | None, named: list[tuple[str, _Tensor]], dtype: str,
+                       quant: Mapping | None):
     """``moe`` with ``bytes_per_param`` of its routed-expert matrices as the engine loads them."""
-    experts = [t for t in tensors if t.category == EXPERTS]
-    values = sum(t.numel for t in experts)
+    experts = [(n, t) for n, t in named if t.category == EXPERTS]
+    values = sum(t.numel for _, t in experts)
     if moe is None or not values:
         return moe
     return replace(moe, bytes_per_param=_weight_bytes(experts, dtype, quant) / values)
+
+
+def spec_quantization(spec: ModelSpec) -> Quantization | None:
+    """The checkpoint's quantization (:func:`servebook.quant_schemes.resolve`), None for 16-bit weights."""
+    raw = spec.raw or {}
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), Mapping) else {}
+    return resolve_quantization(raw.get("quantization_config") or text.get("quantization_config"))
 
 
 def active_matmul_params(spec: ModelSpec) -> int:

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -339,6 +339,9 @@ class MemoryBudget:
         tp: tensor-parallel size.
         coefficients_status: ``"prior"``, ``"fitted"`` or ``"logged"`` (when
             the claims came from a log rather than the model).
+        lora_bytes: stacked LoRA tensors on this GPU (``--enable-lora``; part of the
+            engine's ``Model loading took``), 0 without LoRA; ``activation_bytes``
+            includes the profiling run's LoRA buffers.
     """
 
     total_memory_bytes: int
@@ -351,6 +354,7 @@ class MemoryBudget:
     available_kv_bytes: int
     tp: int = 1
     coefficients_status: str = "prior"
+    lora_bytes: int = 0
 
     # The budget's byte counts in GiB (float), for tables and figures.
     total_memory_gib = _in_gib("total_memory_bytes", "Total GPU memory")
@@ -360,11 +364,18 @@ class MemoryBudget:
     non_torch_gib = _in_gib("non_torch_bytes", "Non-torch memory")
     cudagraph_gib = _in_gib("cudagraph_bytes", "CUDA-graph memory")
     available_kv_gib = _in_gib("available_kv_bytes", "KV cache budget per GPU")
+    lora_gib = _in_gib("lora_bytes", "LoRA adapter slots per GPU")
+
+    @property
+    def model_loading_bytes(self) -> int:
+        """What the engine logs as ``Model loading took``: weights plus LoRA slots, bytes."""
+        return self.weights_bytes + self.lora_bytes
 
     def claims(self) -> dict[str, int]:
         """The four claims by name, bytes."""
         return {
             "weights": self.weights_bytes,
+            "lora": self.lora_bytes,
             "peak_activation": self.activation_bytes,
             "non_torch": self.non_torch_bytes,
             "cudagraph": self.cudagraph_bytes,
@@ -386,8 +397,13 @@ def memory_budget(
     tp: int = 1,
     enforce_eager: bool = False,
     coefficients: MemoryCoefficients | None = None,
+    lora_weights_for: Callable[[int], int] | None = None,
+    lora_activation_bytes: int = 0,
 ) -> MemoryBudget:
     """Predict ``Available KV cache memory`` for a model on one GPU of a TP group.
+
+    ``lora_weights_for(tp)``: the LoRA slots' bytes per GPU at a TP size (:mod:`servebook.lora`),
+    ``lora_activation_bytes``: their extra peak in the profiling run; both 0 without LoRA.
 
     Raises:
         DoesNotFitError: when the claims exceed the requested memory; the
@@ -404,10 +420,14 @@ def memory_budget(
         raise ServebookError(f"tensor parallel size {tp!r} is not allowed; use an integer >= 1")
     c = coefficients or load_coefficients()
 
+    def lora_for(t: int) -> int:
+        return 0 if lora_weights_for is None else int(lora_weights_for(t))
+
     def claims_for(t: int) -> tuple[int, int, int, int]:
         return (
-            weights_bytes_per_gpu(spec, t),
-            peak_activation_bytes(spec, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=t, coefficients=c),
+            weights_bytes_per_gpu(spec, t) + lora_for(t),
+            peak_activation_bytes(spec, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=t, coefficients=c)
+            + lora_activation_bytes,
             non_torch_bytes(t, c),
             cudagraph_bytes(spec, enforce_eager=enforce_eager, coefficients=c),
         )
@@ -415,18 +435,20 @@ def memory_budget(
     w, a, n, g = claims_for(tp)
     requested, left = _left(gpu_memory_bytes, gpu_memory_utilization, w, a, n, g)
     if left <= 0:
-        raise DoesNotFitError(_does_not_fit_message(spec, gpu_memory_bytes, gpu_memory_utilization, tp, w, a, n, g, claims_for))
+        raise DoesNotFitError(_does_not_fit_message(spec, gpu_memory_bytes, gpu_memory_utilization, tp, w, a, n, g, claims_for,
+                                                    lora=lora_weights_for is not None))
     return MemoryBudget(
         total_memory_bytes=gpu_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         requested_bytes=requested,
-        weights_bytes=w,
+        weights_bytes=w - lora_for(tp),
         activation_bytes=a,
         non_torch_bytes=n,
         cudagraph_bytes=g,
         available_kv_bytes=left,
         tp=tp,
         coefficients_status=c.status,
+        lora_bytes=lora_for(tp),
     )
 
 
@@ -441,7 +463,7 @@ def smallest_tp_that_fits(spec: ModelSpec, gpu_memory_bytes: int, gpu_memory_uti
     return None
 
 
-def _does_not_fit_message(spec, total, u, tp, w, a, n, g, claims_for) -> str:
+def _does_not_fit_message(spec, total, u, tp, w, a, n, g, claims_for, lora: bool = False) -> str:
     need = (w + a + n + g) / GIB
     have = math.ceil(total * u) / GIB
     best = smallest_tp_that_fits(spec, total, u, claims_for)
@@ -452,7 +474,7 @@ def _does_not_fit_message(spec, total, u, tp, w, a, n, g, claims_for) -> str:
         else "no tensor-parallel size up to 64 fits: use a GPU with more memory or a quantized checkpoint"
     )
     return (
-        f"{spec.name} does not fit at TP={tp}: weights {w / GIB:.2f} GiB + activation {a / GIB:.2f} GiB "
+        f"{spec.name} does not fit at TP={tp}: weights{' and LoRA slots' if lora else ''} {w / GIB:.2f} GiB + activation {a / GIB:.2f} GiB "
         f"+ non-torch {n / GIB:.2f} GiB + CUDA graphs {g / GIB:.2f} GiB = {need:.2f} GiB per GPU, "
         f"but only {have:.2f} GiB is requested ({u} x {total / GIB:.2f} GiB); {advice}"
     )

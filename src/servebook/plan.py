@@ -59,7 +59,10 @@ from servebook.memory import (
     vllm_batch_defaults,
     weights_bytes_per_gpu,
 )
+from servebook.hf_config import spec_quantization
+from servebook.lora import LoraSettings, lora_activation_bytes, lora_weights_bytes
 from servebook.model_spec import ModelSpec
+from servebook.quant_schemes import KernelChoice, kernel_on
 from servebook.shipped import MODELS_DIR
 from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
 
@@ -108,6 +111,10 @@ class Plan:
     cudagraph_max_tokens_given: int | None = None
     #: whether the KV budget was given (``available_kv_gib``) rather than computed.
     kv_budget_given: bool = False
+    #: the LoRA flags (``--enable-lora`` and its sizes), None without adapters.
+    lora: LoraSettings | None = None
+    #: the kernel the GPU runs a quantized checkpoint with (None for 16-bit weights).
+    kernel: KernelChoice | None = None
 
     # -- what the other models read --------------------------------------------------------
     @property
@@ -164,6 +171,8 @@ class Plan:
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.block_size is not None:
             args += ["--block-size", str(self.block_size)]
+        if self.lora is not None:
+            args += self.lora.flags()
         return shlex.join(args)
 
     def to_dict(self) -> dict:
@@ -184,6 +193,10 @@ class Plan:
             "block_size": cap.block_size,
             "kv_bytes_per_token": cap.layout.kv_bytes_per_token,
             "weights_gib": weights_bytes_per_gpu(self.spec, self.tp) / GIB,
+            "quantization": None if (q := spec_quantization(self.spec)) is None else q.name,
+            "quant_kernel": None if self.kernel is None else self.kernel.kernel,
+            "quant_kernel_note": None if self.kernel is None else (self.kernel.note or None),
+            "lora_gib": None if b is None else b.lora_gib,
             "activation_gib": None if b is None else b.activation_gib,
             "non_torch_gib": None if b is None else b.non_torch_gib,
             "cudagraph_gib": None if b is None else b.cudagraph_gib,
@@ -322,6 +335,7 @@ def make_plan(
     max_num_seqs: int | None = None,
     usage_context: str = "serve",
     cudagraph_max_tokens: int | None = None,
+    lora: LoraSettings | None = None,
 ) -> Plan:
     """Compute a :class:`Plan`: the one description of a deployment every model prices.
 
@@ -333,7 +347,10 @@ def make_plan(
     at most ``max_model_len``; ``prompt_tokens``: their prompt (default: all of it), which
     admission must find free blocks for. ``max_num_seqs``: the engine's ``--max-num-seqs`` (default
     vLLM's, capped at the token budget). ``cudagraph_max_tokens``: the largest CUDA-graph step
-    when not vLLM's (tokens).
+    when not vLLM's (tokens). ``lora``: ``--enable-lora`` with its slots and rank
+    (:mod:`servebook.lora`): their stacked tensors join the weights claim and their buffers the
+    profiling peak. A quantized checkpoint is checked against the GPU's compute capability
+    (:func:`servebook.quant_schemes.kernel_on`; a GPU that cannot run it is an error).
     """
     if usage_context not in USAGE_CONTEXT_FLAGS:
         raise ServebookError(f"--usage-context {usage_context!r} is not known; use one of "
@@ -370,6 +387,10 @@ def make_plan(
 
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
+    quantization = spec_quantization(spec)
+    kernel = None if quantization is None else kernel_on(quantization, gpu_name)
+    if lora is not None and not isinstance(lora, LoraSettings):
+        raise ServebookError(f"lora must be LoraSettings, got {type(lora).__name__}")
     default_tokens, default_seqs = vllm_batch_defaults(gpu_bytes, gpu_name, max_model_len=max_model_len,
                                                        usage_context=USAGE_CONTEXT_FLAGS[usage_context])
     tokens = max_num_batched_tokens or default_tokens
@@ -389,6 +410,8 @@ def make_plan(
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
             tp=tp,
+            lora_weights_for=None if lora is None else (lambda t: lora_weights_bytes(spec, lora, t)),
+            lora_activation_bytes=0 if lora is None else lora_activation_bytes(spec, lora, tokens),
         )
         available = budget.available_kv_bytes
     cap = capacity(
@@ -418,6 +441,8 @@ def make_plan(
         max_num_seqs=max_num_seqs,
         cudagraph_max_tokens_given=cudagraph_max_tokens,
         kv_budget_given=available_kv_gib is not None,
+        lora=lora,
+        kernel=kernel,
     )
 
 

@@ -227,6 +227,22 @@ def validate_plan_args(args) -> None:
 
             gpu = get_gpu(DEFAULT_GPU)
         check_available_kv_gib(args.available_kv_gib, gpu, args.tp)
+    check_lora_args(args)
+
+
+def check_lora_args(args) -> None:
+    """``--enable-lora`` and its sizes: the sizes only with it, each as vLLM 0.27.1 accepts it."""
+    sizes = {f: getattr(args, f.replace("-", "_"), None) for f in ("max-loras", "max-lora-rank", "max-cpu-loras")}
+    if not getattr(args, "enable_lora", False):
+        given = [f"--{f}" for f, v in sizes.items() if v is not None]
+        if given:
+            raise ServebookError(f"{', '.join(given)} only apply to LoRA adapters; add --enable-lora (or drop them)")
+        return
+    from servebook.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, check_lora_settings
+
+    loras = DEFAULT_MAX_LORAS if sizes["max-loras"] is None else sizes["max-loras"]
+    rank = DEFAULT_MAX_LORA_RANK if sizes["max-lora-rank"] is None else sizes["max-lora-rank"]
+    check_lora_settings(loras, rank, sizes["max-cpu-loras"])
 
 
 #: (option, smallest allowed value, what it is) for fleet's whole-number options.

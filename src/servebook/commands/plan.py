@@ -5,7 +5,8 @@
     servebook plan --config PATH|ID [--gpu NAME] [--tp N] [--max-model-len N]
                    [--gpu-memory-utilization U] [--kv-cache-dtype auto|fp8]
                    [--block-size N] [--max-num-batched-tokens N]
-                   [--available-kv-gib X] [--request-tokens N] [--json]
+                   [--available-kv-gib X] [--request-tokens N]
+                   [--enable-lora [--max-loras N] [--max-lora-rank R] [--max-cpu-loras N]] [--json]
 
 Argument parsing and the printed table only; the plan itself is
 :func:`servebook.plan.make_plan` (its docstring gives the defaults and the
@@ -78,6 +79,14 @@ def register(sub) -> None:
                    help="the engine's --max-num-seqs (default: vLLM's for the usage context and GPU)")
     p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="serve",
                    help="which of vLLM's batch defaults apply: serve (vllm serve; default) or offline (the LLM class)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters: their GPU slots join the weights claim and the serve line")
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="adapters one batch may mix, one GPU slot each (vLLM's default 1; needs --enable-lora)")
+    p.add_argument("--max-lora-rank", type=int, default=None,
+                   help="largest adapter rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's default 16)")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters cached in host memory, at least --max-loras (vLLM's default: --max-loras)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -93,6 +102,9 @@ def _table(plan: Plan) -> str:
         lines.append(f"  coefficients {plan.coefficients_summary})")
         lines.append(f"  {'GPU memory x utilization':28s}{b.total_memory_gib:10.2f} GiB x {b.gpu_memory_utilization:g} = {b.requested_gib:.2f} GiB")
         lines.append(f"  {'- weights':28s}{b.weights_gib:10.2f} GiB")
+        if plan.lora is not None:
+            lines.append(f"  {'- LoRA slots':28s}{b.lora_gib:10.2f} GiB ({plan.lora.max_loras} x rank "
+                         f"{plan.lora.max_lora_rank}, every linear layer, embedding and LM head)")
         lines.append(f"  {'- peak activation':28s}{b.activation_gib:10.2f} GiB")
         prior = " (prior guess: no TP>1 start-up recorded)" if plan.tp > 1 and load_coefficients().tp_gt1_non_torch_is_prior else ""
         lines.append(f"  {'- non-torch':28s}{b.non_torch_gib:10.2f} GiB{prior}")
@@ -102,6 +114,9 @@ def _table(plan: Plan) -> str:
         lines.append("Memory budget per GPU: taken from the log (--available-kv-gib)")
         lines.append(f"  {'weights (from the config)':28s}{d['weights_gib']:10.2f} GiB")
         lines.append(f"  {'available KV cache':28s}{d['available_kv_gib']:10.2f} GiB")
+    if plan.kernel is not None:
+        lines.append(f"  weights quantized ({d['quantization']}): {plan.gpu_name} runs {plan.kernel.kernel}"
+                     + (f"; {plan.kernel.note}" if plan.kernel.note else ""))
     lines.append("")
     lines.append("KV cache (per GPU)")
     lines.append(f"  {'bytes per token':28s}{cap.layout.kv_bytes_per_token:>10,} B (all layers, full context)")
@@ -129,6 +144,19 @@ def _table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def lora_settings(args):
+    """The LoRA flags as :class:`servebook.lora.LoraSettings`, None without ``--enable-lora``."""
+    if not getattr(args, "enable_lora", False):
+        return None
+    from servebook.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraSettings
+
+    return LoraSettings(
+        max_loras=DEFAULT_MAX_LORAS if args.max_loras is None else args.max_loras,
+        max_lora_rank=DEFAULT_MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+    )
+
+
 def run(args) -> int:
     from servebook.validation import validate_plan_args
 
@@ -147,6 +175,7 @@ def run(args) -> int:
         prompt_tokens=args.prompt_tokens,
         available_kv_gib=args.available_kv_gib,
         request_tokens=args.request_tokens,
+        lora=lora_settings(args),
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -54,6 +54,13 @@ def weights_gib(model: str, tp: int = 1) -> float:
     return weights_bytes_per_gpu(_spec(model), tp) / GIB
 
 
+def lora_slots_gib(model: str, max_loras: int, max_lora_rank: int, tp: int = 1) -> float:
+    """GiB of stacked LoRA tensors ``--enable-lora`` reserves on one GPU (servebook.lora)."""
+    from servebook.lora import LoraSettings, lora_weights_bytes
+
+    return lora_weights_bytes(_spec(model), LoraSettings(max_loras, max_lora_rank), tp) / GIB
+
+
 def weight_read_ms(model: str, gpu: str) -> float:
     """Milliseconds to stream every weight once at the GPU's peak HBM bandwidth (batch-1 decode floor)."""
     return _spec(model).weight_bytes / _gpu(gpu).hbm_bandwidth_bytes_per_s * 1e3
@@ -276,6 +283,11 @@ def break_even_acceptance(model: str, gpu: str, k: int, batch: int, context: int
 def decode_speed_ratio(model_a: str, model_b: str, gpu: str, batch: int, context: int) -> float:
     """Decode step of ``model_b`` divided by that of ``model_a`` at the same batch and context (ratio)."""
     return decode_step_ms(model_b, gpu, batch, context) / decode_step_ms(model_a, gpu, batch, context)
+
+
+def total_params_b(model: str) -> float:
+    """Every stored parameter (all experts, embedding and head), billions."""
+    return _spec(model).params.total / 1e9
 
 
 def active_params_b(model: str) -> float:

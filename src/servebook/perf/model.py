@@ -300,6 +300,35 @@ def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int
     return StepPricer(spec, gpu, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens).breakdown(work)
 
 
+#: Weight schemes whose step time the model prices from bytes and FLOPs as for 16-bit weights: FP8 on its
+#: native tensor-core kernels and gpt-oss's MXFP4 experts (recorded end to end on the H200).
+STEP_TIME_SCHEMES = frozenset({"fp8_block", "fp8_tensor", "fp8_channel", "mxfp4"})
+
+
+def check_step_time_modelled(spec: ModelSpec, gpu_name: str | None) -> None:
+    """Refuse a step time for weights whose kernels were never measured (int4 AWQ/GPTQ/W4A16 through
+    Marlin, NVFP4, W8A8 int8, any scheme on a weight-only fallback kernel), instead of guessing one.
+
+    Raises:
+        ServebookError: naming the scheme and kernel; ``servebook plan`` still sizes the memory.
+    """
+    from servebook.hf_config import spec_quantization
+    from servebook.quant_schemes import kernel_on
+
+    q = spec_quantization(spec)
+    if q is None:
+        return
+    kernel = kernel_on(q, gpu_name) if gpu_name else None
+    fallback = kernel is not None and not kernel.native
+    if q.scheme.name not in STEP_TIME_SCHEMES or fallback:
+        how = kernel.kernel if kernel is not None else q.scheme.kernel
+        raise ServebookError(
+            f"step times of {spec.name} ({q.scheme.description}, run by {how}) are not modelled: no such "
+            "kernel was measured, and weight bytes alone do not give its speed (dequantization happens in "
+            "the GEMM). servebook plan sizes its memory; for step times, time it on the GPU "
+            "(labs/tools/gpu_record.py timing); the 16-bit checkpoint's step time is not this kernel's.")
+
+
 class StepPricer:
     """:func:`step_time` for one model, GPU, coefficients, TP size and CUDA-graph limit.
 
@@ -313,6 +342,7 @@ class StepPricer:
                  cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS):
         self.spec = spec
         self.gpu = gpu_numbers(gpu)
+        check_step_time_modelled(spec, getattr(self.gpu, "name", None) or getattr(gpu, "name", None))
         self.coeffs = coeffs
         self.tp = tp
         self.cudagraph_max_tokens = cudagraph_max_tokens

@@ -5,4 +5,5 @@
 * :mod:`.rerecordings` — the run a re-recording replaced, and what changed (on the quantities the lab's
   module names).
 * :mod:`.engine_stats` — prefix-cache hit rates and running requests read from a recording.
+* :mod:`.startup_cases` — recorded GPU start-ups (``gpu_record.py startup``) beside servebook's prediction.
 """
