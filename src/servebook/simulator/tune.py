@@ -300,6 +300,9 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         if best:
             break
     binding = "" if best else _binding(tried, targets, max_gpus, gpu, workload, path)
+    if best is not None:
+        # where the pick's step times come from (a TP > 1 pick rests on an all-reduce term that is a lower bound)
+        notes.append(f"step model: {engines[id(best.plan)][2]}")
     return TuneResult(best, tuple(tried), targets, workload, gpu, max_gpus, price_per_gpu_hour, binding,
                       tuple(notes) + ((f"serving path: {path.source}",) if path.source else ()))
 
