@@ -60,6 +60,25 @@ def plan_commands() -> dict[str, list[str]]:
     return out
 
 
+def tune_commands() -> dict[str, list[str]]:
+    """argv after ``vllm serve`` of lines servebook tune prints: its defaults pick, and one whose flags changed."""
+    from servebook.simulator.online import OnlineWorkload
+    from servebook.simulator.tune import LatencyTargets, tune
+
+    out = {}
+    for name, targets in (("defaults", LatencyTargets(ttft_s=1.0, tpot_s=0.05)),
+                          ("tight", LatencyTargets(ttft_s=5.0, tpot_s=0.012, headroom=0.0))):
+        r = tune("llama-3.1-8b", gpu="h200", max_gpus=2, workload=OnlineWorkload(20.0, 1024, 128, duration_s=10),
+                 targets=targets, tps=(1,))
+        picks = [r.best] if r.best else []
+        picks += [c for c in r.tried if c.changed_flags][:2]
+        for i, c in enumerate(picks):
+            argv = shlex.split(c.serve_command())
+            assert argv[:2] == ["vllm", "serve"]
+            out[f"tune-{name}-{i}"] = argv[2:]
+    return out
+
+
 def literal_commands() -> dict[str, list[str]]:
     scanner = _scanner()
     out = {}
@@ -82,7 +101,7 @@ def run_checker(probe, tmp_path: Path, claims_text: str, argvs: list[list[str]])
 
 @pytest.fixture(scope="module")
 def checked(vllm_probe, tmp_path_factory):
-    commands = {**plan_commands(), **literal_commands()}
+    commands = {**plan_commands(), **tune_commands(), **literal_commands()}
     got = run_checker(vllm_probe, tmp_path_factory.mktemp("claims"), CLAIMS_PATH.read_text(), list(commands.values()))
     got["commands"] = dict(zip(commands, got["argv"]))
     return got
