@@ -126,7 +126,7 @@ def test_no_paired_ipynb():
 
 
 #: Pages under labs/ that start no engine and are executed at build time: they render recorded data.
-RENDERED_LAB_PAGES = [ROOT / "labs" / "e2e_results.md",
+RENDERED_LAB_PAGES = [ROOT / "labs" / "e2e_results.md", ROOT / "labs" / "results_serve_latency.md",
                       *(ROOT / "labs" / f"results_l{n}.md" for n in range(1, 10))]
 #: Labs whose recorded run has a results page of its own, rendered by the page named here.
 LAB_RESULTS_PAGES = {"l7_speculative": "results_l7", "l8_batch_tactics": "results_l8", "l9_tp_vs_dp": "results_l9"}
