@@ -182,6 +182,17 @@ class TuneResult:
             parts.append(f"{c.plan.kv_cache_dtype} KV")
         return ", ".join(parts) or "defaults"
 
+    def binding_one_gpu_fewer(self) -> tuple[str, ...]:
+        """The targets that bind the pick: what the closest candidate on one GPU fewer misses
+        (``("tpot",)``, ...); empty when the pick is one GPU or nothing met the targets."""
+        if self.best is None:
+            return ()
+        fewer = [c for c in self.tried if c.gpus == self.best.gpus - 1]
+        if not fewer:
+            return ()
+        closest = min(fewer, key=lambda c: max(c.misses.values()))
+        return tuple(sorted(closest.misses))
+
     def cost_per_hour(self, c: Candidate) -> float | None:
         return None if self.price_per_gpu_hour is None else c.gpus * self.price_per_gpu_hour
 
