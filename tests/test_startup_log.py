@@ -197,3 +197,18 @@ def test_recorded_h200_eager_log_prints_zero_graph_memory():
     log = read_startup_log(GPU_LOGS / "h200-0.26.0-gpt-oss-20b--eager16k" / "startup.log")
     assert log.cudagraph_gib == 0.0 and log.cudagraph_estimated_gib is None
     assert log.model_loading_gib == 13.03
+
+
+def test_kv_size_line_of_vllm_0_32_names_its_device_and_carries_the_concurrency():
+    # vLLM 0.32.0 (v1/core/kv_cache_utils.py, update_kv_cache_capacity) logs one line
+    # "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx" with the
+    # pool's device ("GPU", "CPU", "GPU + host"); 0.26.0/0.27.1 logged "GPU KV cache size" on every device
+    new = parse_startup_log("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 7,168 tokens, "
+                            "Maximum concurrency for 512 tokens per request: 14.00x\n")
+    assert (new.kv_cache_tokens, new.concurrency_max_model_len, new.max_concurrency) == (7168, 512, 14.0)
+    host = parse_startup_log("GPU + host KV cache size: 1,024 tokens, Maximum concurrency for 256 tokens per "
+                             "request: 4.00x\n")
+    assert host.kv_cache_tokens == 1024
+    old = parse_startup_log("GPU KV cache size: 682,625 tokens\n"
+                            "Maximum concurrency for 2,000 tokens per request: 341.31x\n")
+    assert (old.kv_cache_tokens, old.max_concurrency) == (682625, 341.31)

@@ -115,7 +115,10 @@ def test_live_gemma4_shaped_engine_matches_prediction(tmp_path):
 
 PARSE = r"""
 import json, sys
-from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:  # vLLM 0.32.0 moved `vllm serve`'s parser
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:  # 0.26.0 / 0.27.1
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
 keys = ["model_tag", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization",
@@ -159,6 +162,12 @@ import torch
 from vllm.v1.core.kv_cache_utils import (get_kv_cache_capacity, get_kv_cache_config_from_groups,
                                          get_kv_cache_groups)
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+try:  # 0.32.0: the KV cache layout is resolved once, from the attention backends
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout as RESOLVE_LAYOUT
+except ImportError:  # 0.26.0 / 0.27.1 have no layout to resolve
+    RESOLVE_LAYOUT = None
 
 DTYPE = {2: torch.bfloat16, 1: torch.uint8}
 out = []
@@ -174,15 +183,25 @@ for case in json.loads(open(sys.argv[1]).read()):
         else:
             spec = FullAttentionSpec(**common, head_size_v=l["v_head_dim"])
         specs[f"model.layers.{l['layer_index']}.self_attn.attn"] = spec
+    cache = SimpleNamespace(num_gpu_blocks_override=None, prefix_cache_retention_interval=None,
+                            enable_prefix_caching=True, kv_cache_layout=None)
     cfg = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=case["max_model_len"]),
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1, tensor_parallel_size=1),
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False,
                                          max_num_batched_tokens=case["max_num_batched_tokens"]),
-        cache_config=SimpleNamespace(num_gpu_blocks_override=None),
+        cache_config=cache,
         kv_transfer_config=None,
         max_in_flight_tokens=case["in_flight_tokens"],
+        # read by 0.32.0 (no host-offloaded sparse attention, no speculation, a CUDA pool)
+        attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
+        num_prefill_lookahead_tokens=0, device_config=SimpleNamespace(device_type="cuda"),
     )
+    if RESOLVE_LAYOUT is not None:
+        # 0.32.0 sizes blocks by the KV layout the engine core resolves from the backends' preferences
+        names = [l.name for l in get_supported_kv_cache_layouts([FlashAttentionBackend])]
+        layout = RESOLVE_LAYOUT(cfg, [names], specs.values())
+        cache.get_resolved_kv_cache_layout = lambda layout=layout: layout
     groups = get_kv_cache_groups(cfg, specs)
     kv = get_kv_cache_config_from_groups(cfg, groups, case["available"])
     tokens, conc = get_kv_cache_capacity(cfg, kv)
