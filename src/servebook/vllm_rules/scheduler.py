@@ -5,6 +5,7 @@ Units: ``*_tokens`` tokens, ``*_seqs`` sequences, ``*_BYTES`` bytes.
 from __future__ import annotations
 
 from servebook.errors import ServebookError
+from servebook.vllm_rules.release import rule_release
 
 #: Total device memory (bytes, 70 GiB) from which vLLM 0.27.1 uses the larger batch defaults
 #: (unless the GPU is an A100): ``EngineArgs.get_batch_defaults``.
@@ -126,3 +127,21 @@ def check_long_prefill_threshold(long_prefill_token_threshold: int, max_model_le
             f"--long-prefill-token-threshold {long_prefill_token_threshold} is larger than --max-model-len "
             f"{max_model_len}: vLLM refuses to start; use at most {max_model_len} tokens (0 turns the cap off)"
         )
+
+
+def effective_long_prefill_threshold(long_prefill_token_threshold: int, eligible_requests: int,
+                                     vllm_version: str | None = None) -> int:
+    """The per-request prefill cap (tokens) the scheduler applies this step; 0 means no cap.
+
+    ``Scheduler.schedule`` (``v1/core/sched/scheduler.py``):
+
+    * 0.26.0 and 0.27.1: ``--long-prefill-token-threshold`` itself, every step.
+    * 0.32.0: 0 (no cap) when only one request is running or waiting (``eligible_requests``,
+      ``get_request_counts``: running plus waiting): there is nobody for a long prefill to starve.
+      (0.32.0's opt-in ``long_prefill_token_threshold_adaptive``, default off, is not modelled.)
+
+    ``vllm_version``: the release (None: :data:`~servebook.vllm_rules.release.PINNED_VLLM`).
+    """
+    if rule_release(vllm_version) == "0.26.0":
+        return long_prefill_token_threshold
+    return long_prefill_token_threshold if eligible_requests > 1 else 0
