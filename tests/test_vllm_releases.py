@@ -85,3 +85,18 @@ def test_unknown_release_is_refused_before_any_work(capsys):
         assert main([*command, "--vllm-version", "0.19.0"]) == 2
         err = capsys.readouterr().err
         assert "--vllm-version 0.19.0" in err and "0.26.0, 0.32.0" in err and "Traceback" not in err
+
+
+def test_largest_cuda_graph_step_on_blackwell_differs_by_release():
+    # vllm/config/vllm.py _set_cudagraph_sizes: 0.26.0 min(max_num_seqs x (1 + k) x 2, 512); 0.32.0 takes
+    # 1024 instead of 512 when current_platform.is_device_capability_family(100) (B200: compute capability 10.0)
+    from servebook.hardware import get_gpu
+
+    assert get_gpu("B200").compute_capability == "10.0" and get_gpu("H200").compute_capability == "9.0"
+    old = make_plan("llama-3.1-8b", gpu="b200", max_model_len=8192, vllm_version="0.26.0")
+    new = make_plan("llama-3.1-8b", gpu="b200", max_model_len=8192, vllm_version="0.32.0")
+    assert old.max_num_seqs == new.max_num_seqs >= 512      # a >= 70 GiB GPU: 1024 sequences for vllm serve
+    assert old.cudagraph_max_tokens() == 512
+    assert new.cudagraph_max_tokens() == min(2 * new.max_num_seqs, 1024, new.max_num_batched_tokens) == 1024
+    h200 = make_plan("llama-3.1-8b", gpu="h200", max_model_len=8192, vllm_version="0.32.0")
+    assert h200.cudagraph_max_tokens() == 512

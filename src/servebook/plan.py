@@ -127,9 +127,13 @@ class Plan:
         this plan's ``max_num_seqs`` and token budget (:func:`servebook.vllm_rules.cudagraph_max_tokens`)."""
         if self.cudagraph_max_tokens_given is not None:
             return self.cudagraph_max_tokens_given
+        from servebook.hardware import get_gpu
+
+        capability = get_gpu(self.gpu_name).compute_capability if self.gpu_name else ""
         return cudagraph_max_tokens(self.max_num_seqs, self.max_num_batched_tokens,
                                     num_speculative_tokens=num_speculative_tokens,
-                                    architecture=self.spec.architecture)
+                                    architecture=self.spec.architecture, compute_capability=capability,
+                                    vllm_version=self.vllm_version)
 
     def pool_groups(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
         """``(block size of each full-attention group, (window, block size) of each sliding group)``:

@@ -2,8 +2,9 @@
 
 The chapter describes vLLM 0.32.0 (``PINNED_VLLM``); the GPU results come from 0.26.0 (``GPU_LAB_VLLM``).
 A rule that differs between the two takes ``vllm_version`` and is kept once per release
-(``RULE_RELEASES``; today: the sliding-window block size, ``sliding_block_size``, and the long-prefill cap
-on a lone request, ``effective_long_prefill_threshold``).
+(``RULE_RELEASES``; today: the sliding-window block size, ``sliding_block_size``, the long-prefill cap
+on a lone request, ``effective_long_prefill_threshold``, and the largest CUDA-graph step on Blackwell,
+``default_cudagraph_cap``).
 
 Grouped like vLLM's own ``vllm/config/*`` (each name documents its unit and the
 vLLM source it mirrors; paths are relative to the ``vllm`` package):
@@ -39,7 +40,8 @@ from servebook.vllm_rules.cache import (
     sliding_block_size,
     sliding_window_running_blocks,
 )
-from servebook.vllm_rules.compilation import DEFAULT_CUDAGRAPH_MAX_TOKENS, cudagraph_max_tokens
+from servebook.vllm_rules.compilation import (BLACKWELL_CUDAGRAPH_MAX_TOKENS, DEFAULT_CUDAGRAPH_MAX_TOKENS,
+                                              cudagraph_max_tokens, default_cudagraph_cap)
 from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_gpu, tp_splits_heads
 from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES, rule_release
 from servebook.vllm_rules.scheduler import (
@@ -59,9 +61,9 @@ from servebook.vllm_rules.scheduler import (
 )
 
 __all__ = [
-    "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
+    "BLACKWELL_CUDAGRAPH_MAX_TOKENS", "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
     "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KERNEL_BLOCK_MULTIPLE",
-    "KV_DTYPE_BYTES", "RULE_RELEASES", "effective_long_prefill_threshold", "rule_release", "sliding_block_size",
+    "KV_DTYPE_BYTES", "RULE_RELEASES", "default_cudagraph_cap", "effective_long_prefill_threshold", "rule_release", "sliding_block_size",
     "LARGE_GPU_BATCH_DEFAULTS", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE", "PINNED_VLLM", "SMALL_GPU_BATCH_DEFAULTS",
     "USAGE_CONTEXTS", "check_batch_budget", "check_long_prefill_threshold",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
