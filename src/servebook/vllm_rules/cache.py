@@ -1,4 +1,4 @@
-"""Cache rules (vLLM 0.27.1 ``config/cache.py`` and the attention backends).
+"""Cache rules (vLLM 0.32.0 ``config/cache.py`` and the attention backends; 0.26.0/0.27.1 where they differ).
 
 Units: ``*_BLOCK_SIZE`` and ``*_tokens`` are tokens; ``KV_DTYPE_BYTES`` bytes per
 cached element; utilisation a fraction of total GPU memory.
@@ -14,7 +14,7 @@ from servebook.vllm_rules.release import rule_release
 Device = Literal["cuda", "cpu"]
 
 #: ``CacheConfig.gpu_memory_utilization`` default (fraction of total GPU memory) in 0.26.0 and
-#: 0.27.1 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
+#: 0.27.1 and 0.32.0 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
 #: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (tokens, ``config/cache.py``); CUDA attention
@@ -77,7 +77,7 @@ def check_utilization(gpu_memory_utilization: float) -> None:
 
 
 def default_block_size(device: Device = "cuda") -> int:
-    """Tokens per block vLLM 0.27.1 picks when ``--block-size`` is not given.
+    """Tokens per block vLLM picks when ``--block-size`` is not given (0.26.0 to 0.32.0 alike).
 
     16 on CUDA (``CacheConfig.DEFAULT_BLOCK_SIZE``; FLASH_ATTN keeps it via
     ``AttentionBackend.get_preferred_block_size``), 128 on CPU
@@ -123,7 +123,7 @@ def sliding_window_hold_tokens(sliding_window: int, in_flight_tokens: int) -> in
 def sliding_window_running_blocks(sliding_window: int, block_size: int, unsettled_tokens: int) -> int:
     """Most blocks a sliding-window group holds for one *running* request, once its window has slid.
 
-    The run-time rule (vLLM 0.27.1, ``v1/core/single_type_kv_cache_manager.py``), not the
+    The run-time rule (vLLM 0.27.1 and 0.32.0, ``v1/core/single_type_kv_cache_manager.py``), not the
     admission bound of :func:`sliding_window_hold_tokens`:
 
     * ``KVCacheManager.allocate_slots`` first calls ``SlidingWindowManager.remove_skipped_blocks``

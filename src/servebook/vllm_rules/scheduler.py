@@ -1,4 +1,4 @@
-"""Scheduler defaults (vLLM 0.27.1 ``config/scheduler.py``, ``engine/arg_utils.py``, ``config/vllm.py``).
+"""Scheduler defaults (vLLM 0.32.0 ``config/scheduler.py``, ``engine/arg_utils.py``, ``config/vllm.py``).
 
 Units: ``*_tokens`` tokens, ``*_seqs`` sequences, ``*_BYTES`` bytes.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 from servebook.errors import ServebookError
 from servebook.vllm_rules.release import rule_release
 
-#: Total device memory (bytes, 70 GiB) from which vLLM 0.27.1 uses the larger batch defaults
+#: Total device memory (bytes, 70 GiB) from which vLLM (0.26.0 to 0.32.0) uses the larger batch defaults
 #: (unless the GPU is an A100): ``EngineArgs.get_batch_defaults``.
 LARGE_GPU_BYTES = 70 * 2**30
 
@@ -29,7 +29,7 @@ def vllm_batch_defaults(
     max_model_len: int | None = None,
     device: str = "cuda",
 ) -> tuple[int, int]:
-    """vLLM 0.27.1's default ``(max_num_batched_tokens, max_num_seqs)``.
+    """vLLM's default ``(max_num_batched_tokens, max_num_seqs)`` (0.26.0 to 0.32.0 alike).
 
     ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``): on CUDA GPUs
     with at least 70 GiB whose name lacks "a100", 16384/1024 for the ``LLM``
@@ -60,7 +60,7 @@ def vllm_batch_defaults(
 
 
 def default_async_scheduling(device: str = "cuda") -> bool:
-    """Whether 0.27.1 turns async scheduling on by default.
+    """Whether vLLM (0.26.0 to 0.32.0) turns async scheduling on by default.
 
     On for CUDA (``VllmConfig.__post_init__`` sets it when nothing is
     incompatible), forced off on CPU (``CpuPlatform.check_and_update_config``).
@@ -103,7 +103,7 @@ def decode_unsettled_tokens(async_scheduling: bool, query_tokens: int = 1) -> in
 def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
     """Raise unless ``max_num_batched_tokens >= max_num_seqs`` (tokens per step vs sequences).
 
-    vLLM 0.27.1 refuses to start otherwise: ``SchedulerConfig.verify_max_model_len``
+    vLLM 0.32.0 (as 0.27.1) refuses to start otherwise: ``SchedulerConfig.verify_max_model_len``
     (``config/scheduler.py``) raises ``max_num_batched_tokens (...) must be greater than or
     equal to max_num_seqs (...)``; every running sequence needs at least one token of the
     step's budget.
@@ -119,7 +119,7 @@ def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
 def check_long_prefill_threshold(long_prefill_token_threshold: int, max_model_len: int) -> None:
     """Raise when ``long_prefill_token_threshold > max_model_len`` (both tokens).
 
-    vLLM 0.27.1, ``SchedulerConfig.verify_max_model_len`` (``config/scheduler.py``):
+    vLLM 0.32.0 (as 0.27.1), ``SchedulerConfig.verify_max_model_len`` (``config/scheduler.py``):
     ``long_prefill_token_threshold (...) cannot be greater than the max_model_len (...)``.
     """
     if long_prefill_token_threshold > max_model_len:
