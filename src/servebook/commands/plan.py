@@ -65,7 +65,7 @@ def register(sub) -> None:
                    help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV cache dtype (default auto = model dtype)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block, a multiple of 16 (default 16 on CUDA)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM 0.27.1's for the GPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM's for the GPU)")
     p.add_argument("--available-kv-gib", type=float, default=None,
                    help="start from a logged 'Available KV cache memory' (GiB per GPU) instead of the budget")
     p.add_argument("--request-tokens", type=int, default=None,

@@ -22,7 +22,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "simulate",
         help="simulate vLLM's scheduler (paged KV, continuous batching) or a baseline policy",
-        description="Discrete-event simulation of a vLLM 0.27.1-like step loop on a synthetic "
+        description="Discrete-event simulation of a vLLM 0.32.0-like step loop (--vllm-version 0.26.0 for that release) on a synthetic "
         "workload. Step times come from the calibrated performance model (servebook.perf, the same "
         "as `servebook step`) when --config and --gpu are given: then TTFT, inter-token latency and "
         "throughput are seconds for that model on that GPU. Without --config they come from a simple "
