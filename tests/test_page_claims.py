@@ -985,7 +985,7 @@ def draft_70b_8b():
 
 def test_6_17_target_and_draft_share_a_vocabulary():
     assert load_model_spec("llama-3.1-70b").vocab_size == load_model_spec("llama-3.1-8b").vocab_size, \
-        "6.17 '(same tokenizer, N-token vocabulary)': vLLM 0.27.1 requires equal vocabularies"
+        "6.17 '(same tokenizer, N-token vocabulary)': vLLM 0.32.0 requires equal vocabularies"
 
 
 def test_6_17_a_draft_model_is_not_free_and_must_be_accepted_more_often_as_the_batch_grows(draft_70b_8b):
@@ -1016,7 +1016,7 @@ def test_6_17_the_printed_command_is_the_tp2_plan_with_known_speculative_fields(
 
 @pytest.fixture(scope="module")
 def runtime_claims():
-    """vllm_claims.toml's runtime defaults (each checked against vLLM 0.27.1's source by the drift test)."""
+    """vllm_claims.toml's runtime defaults (each checked against vLLM 0.32.0's source by the drift test)."""
     import tomllib
 
     from servebook.shipped import VLLM_CLAIMS
@@ -1135,9 +1135,9 @@ def test_6_20_the_gemma4_31b_h200_start_up_sized_its_cache_as_servebook_predicts
 
 def test_6_20_the_command_uses_the_default_utilisation_and_recommends_below_vllms_default():
     plan = _drift_plan("gemma26b-h200-tp4-16k")
-    assert plan.gpu_memory_utilization == 0.92, "6.20 '--gpu-memory-utilization 0.92 is the 0.27.1 default'"
+    assert plan.gpu_memory_utilization == 0.92, "6.20 '--gpu-memory-utilization 0.92 is the 0.32.0 default'"
     assert plan.recommended_max_num_seqs < plan.default_max_num_seqs, \
-        "6.20 'left unset, vLLM 0.27.1 allows N on this GPU and relies on that preemption'"
+        "6.20 'left unset, vLLM 0.32.0 allows N on this GPU and relies on that preemption'"
 
 
 def test_6_20_15000_token_requests_run_as_many_at_once_under_either_limit():
@@ -1294,10 +1294,15 @@ def test_6_22_ngram_drafting_is_not_free_in_vllm(ten_million):
     from servebook.shipped import VLLM_CLAIMS
 
     runtime = {e["name"]: e for e in tomllib.loads(VLLM_CLAIMS.read_text())["runtime_default"]}
-    assert "ngram" in runtime["n-gram drafting keeps the V1 model runner"]["source_literal"], \
-        "6.22/6.19 '\"method\": \"ngram\" ... keeps the V1 model runner' (a checked vLLM claim)"
+    # 6.18/6.22: ngram is not among the methods that keep async scheduling on (a checked vLLM claim)
+    keeps_async = runtime["async scheduling by speculative method"]["source_literal"]
+    assert '"draft_model"' in keeps_async and '"ngram"' not in keeps_async, \
+        "6.22 '\"method\": \"ngram\" turns asynchronous scheduling off' (a checked vLLM claim)"
+    # 6.19/6.22 '0.27.1 also kept it on the V1 model runner': 0.32.0 keeps V1 only for other methods
+    v1_methods = runtime["n-gram drafting runs on the V2 model runner"]["source_literal"]
+    assert '"medusa"' in v1_methods and "ngram" not in v1_methods
     text = (BOOK / "06-18-mtp-and-other-methods.md").read_text()
-    assert "`ngram` and `draft_model` included — turns it off" in text, \
+    assert "`ngram` included — turns it off" in text, \
         "6.22 'turns asynchronous scheduling off' rests on 6.18's checked statement"
 
 
@@ -1347,7 +1352,7 @@ def test_6_23_the_llm_class_gets_twice_the_step_budget_and_the_same_sequences():
     llm = vllm_batch_defaults(h200.memory_bytes, h200.name, usage_context="LLM_CLASS")
     srv = vllm_batch_defaults(h200.memory_bytes, h200.name)
     assert llm[0] == 2 * srv[0] and llm[1] == srv[1], \
-        "6.23 'vLLM 0.27.1 gives it a 16,384-token step budget by default, against 8,192 for vllm serve (both with N sequences)'"
+        "6.23 'vLLM 0.32.0 gives it a 16,384-token step budget by default, against 8,192 for vllm serve (both with N sequences)'"
 
 
 def test_6_23_the_driver_keeps_groups_together_shortest_first():
@@ -1539,7 +1544,7 @@ def test_flags_page_checks_against_the_pinned_release():
     from servebook.shipped import VLLM_CLAIMS
 
     assert tomllib.loads(VLLM_CLAIMS.read_text())["pinned"] == servebook.PINNED_VLLM, \
-        "flags.md 'Checked against vLLM 0.27.1': the claims file is for another release than the book pins"
+        "flags.md 'Checked against vLLM 0.32.0': the claims file is for another release than the book pins"
 
 
 # ---- appendix-draft-corrections.md ----------------------------------------------------------------------

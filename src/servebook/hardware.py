@@ -41,6 +41,8 @@ class GPU:
         interconnect_bytes_per_s: NVLink bandwidth per GPU (all links, both directions), bytes/s;
             0 when the GPU has no NVLink.
         pcie_bytes_per_s: PCIe x16 bandwidth, both directions, bytes/s.
+        compute_capability: CUDA compute capability, ``"major.minor"`` (NVIDIA's table); vLLM keys a few
+            defaults on its major version (``is_device_capability_family``). Empty when not given.
         aliases: other names accepted by :func:`get_gpu`.
         sources: datasheet URLs and measurement notes.
     """
@@ -55,6 +57,7 @@ class GPU:
     fp8_dense_flops: float
     interconnect_bytes_per_s: float
     pcie_bytes_per_s: float
+    compute_capability: str = ""
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
 
@@ -108,6 +111,7 @@ def _parse(entry: dict) -> GPU:
         fp8_dense_flops=float(entry["fp8_dense_flops"]),
         interconnect_bytes_per_s=float(entry["nvlink_bytes_per_s"]),
         pcie_bytes_per_s=float(entry["pcie_bytes_per_s"]),
+        compute_capability=str(entry.get("compute_capability", "")),
         aliases=tuple(entry.get("aliases", ())),
         sources=tuple(entry["sources"]),
     )

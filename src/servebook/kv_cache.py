@@ -77,11 +77,11 @@ from servebook.model_spec import AttentionLayer, ModelSpec
 from servebook.reductions import dot
 
 from servebook.vllm_rules.cache import (
-    SLIDING_KERNEL_BLOCK_SIZE,
     Device,
     check_block_size,
     default_block_size,
     kv_dtype_bytes,
+    sliding_block_size,
     sliding_window_hold_tokens,
     sliding_window_running_blocks,
 )
@@ -293,7 +293,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _layer_spec(
-    index: int, layer: AttentionLayer, *, block_size: int, dtype_bytes: int, tp: int
+    index: int, layer: AttentionLayer, *, block_size: int, dtype_bytes: int, tp: int, sliding_block: int
 ) -> LayerCacheSpec:
     if layer.kind == "mla":
         # MLAAttentionSpec: one latent, no V, one "head"; replicated on every rank.
@@ -308,7 +308,7 @@ def _layer_spec(
                 f"layer {index} is 'sliding' but has no positive sliding_window; fix the config"
             )
         return LayerCacheSpec(
-            index, "sliding", SLIDING_KERNEL_BLOCK_SIZE, kv_heads, layer.head_dim, v_dim,
+            index, "sliding", sliding_block, kv_heads, layer.head_dim, v_dim,
             dtype_bytes, layer.sliding_window,
         )
     if layer.kind == "full":
@@ -352,19 +352,23 @@ def layer_cache_specs(
     kv_cache_dtype: str = "auto",
     tp: int = 1,
     device: Device = "cuda",
+    vllm_version: str | None = None,
 ) -> list[LayerCacheSpec]:
     """Per-layer cache specs on one GPU, before page unification and grouping.
 
-    What each attention layer's ``get_kv_cache_spec`` returns in vLLM 0.27.1
+    What each attention layer's ``get_kv_cache_spec`` returns
     (``model_executor/layers/attention/attention.py``; MLA layers in
-    ``mla_attention.py``): layers that reuse another layer's cache are left out.
+    ``mla_attention.py``): layers that reuse another layer's cache are left out. Sliding-window
+    layers get :func:`servebook.vllm_rules.sliding_block_size` for ``vllm_version``
+    (None: the pinned release), the one rule here that differs between releases.
     """
     bs = default_block_size(device) if block_size is None else block_size
     check_block_size(bs)
     check_tp(spec, tp)
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype)
+    sliding_block = sliding_block_size(bs, device, vllm_version)
     layers = [
-        _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp)
+        _layer_spec(i, layer, block_size=bs, dtype_bytes=dtype_bytes, tp=tp, sliding_block=sliding_block)
         for i, layer in enumerate(spec.layers)
         if layer.owns_cache
     ]
@@ -380,8 +384,9 @@ def kv_cache_layout(
     kv_cache_dtype: str = "auto",
     tp: int = 1,
     device: Device = "cuda",
+    vllm_version: str | None = None,
 ) -> KVCacheLayout:
-    """Group a model's layers into KV cache groups as vLLM 0.27.1 does.
+    """Group a model's layers into KV cache groups as vLLM does.
 
     Args:
         spec: the model.
@@ -389,7 +394,9 @@ def kv_cache_layout(
             (:func:`default_block_size`).
         kv_cache_dtype: ``--kv-cache-dtype`` (``"auto"``, ``"fp8"``, ...).
         tp: tensor-parallel size (KV heads per GPU = ``max(1, heads // tp)``).
-        device: ``"cuda"`` or ``"cpu"`` (only the default block size differs).
+        device: ``"cuda"`` or ``"cpu"`` (the default block size and the kernel's block multiple differ).
+        vllm_version: the release whose rules apply (None: the pinned release; see
+            :func:`servebook.vllm_rules.sliding_block_size`).
 
     Mirrors ``get_kv_cache_groups`` (``v1/core/kv_cache_utils.py``): the
     uniform case (every layer identical) gives one group of all layers; the
@@ -398,7 +405,8 @@ def kv_cache_layout(
     are unified and layers split into equal-size groups with padding
     (``_get_kv_cache_groups_uniform_page_size``).
     """
-    layers = layer_cache_specs(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device)
+    layers = layer_cache_specs(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device,
+                               vllm_version=vllm_version)
     common = dict(tp=tp, kv_cache_dtype=kv_cache_dtype)
     # 1. Every layer identical (is_kv_cache_spec_uniform): one group.
     if len({l._key() for l in layers}) == 1:
@@ -566,6 +574,7 @@ def capacity(
     tp: int = 1,
     device: Device = "cuda",
     async_scheduling: bool | None = None,
+    vllm_version: str | None = None,
 ) -> Capacity:
     """Blocks, logged KV cache tokens and concurrency for a KV budget.
 
@@ -579,8 +588,9 @@ def capacity(
         kv_cache_dtype: ``--kv-cache-dtype``.
         tp: tensor-parallel size.
         device: ``"cuda"`` or ``"cpu"``.
-        async_scheduling: None for the 0.27.1 default (on for CUDA, off on CPU);
+        async_scheduling: None for vLLM's default (on for CUDA, off on CPU);
             it doubles the in-flight tokens a sliding window reserves.
+        vllm_version: the release whose rules apply (None: the pinned release).
 
     Raises:
         DoesNotFitError: when the budget cannot hold one ``max_model_len``
@@ -596,7 +606,8 @@ def capacity(
             "no memory is left for the KV cache; raise --gpu-memory-utilization, use more "
             "GPUs (--tp) or a smaller model"
         )
-    layout = kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device)
+    layout = kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device=device,
+                             vllm_version=vllm_version)
     if async_scheduling is None:
         async_scheduling = default_async_scheduling(device)
     in_flight = in_flight_tokens(max_num_batched_tokens, async_scheduling)

@@ -25,6 +25,10 @@ and prints ``Available KV cache memory: X GiB``. The four claims:
   MoE architectures (:data:`V2_RUNNER_MOE_ARCHITECTURES`), returns 0 from
   ``profile_cudagraph_memory``; its graphs are captured *after* the KV cache
   is sized, out of the memory the utilisation fraction leaves unrequested.
+  That is vLLM 0.26.0's rule (the release of the H200 logs the coefficients are fitted on), and this
+  module keeps it: vLLM 0.32.0 runs nearly every model on the V2 runner and that runner estimates its
+  graphs too (tests/engine/test_memory_drift.py reads both facts from the installed 0.32.0), so on
+  0.32.0 the budget here leaves out a graph estimate until a 0.32.0 GPU start-up is recorded to fit it.
   Recorded example (H200, 0.26.0): Llama-3.1-8B with graphs logs 108.81 GiB =
   125.82 - 15.0 - 1.78 - 0.22 (no graph term), Qwen3-30B-A3B logs 66.51 GiB =
   125.82 - 56.88 - 1.7 - 0.24 - 0.49 (its ``Estimated CUDA graph memory``).
@@ -276,7 +280,7 @@ def non_torch_bytes(tp: int = 1, coefficients: MemoryCoefficients | None = None)
 
 
 def uses_v2_model_runner(spec: ModelSpec) -> bool:
-    """Whether vLLM 0.26.0 / 0.27.1 runs this model on the V2 model runner by default.
+    """Whether vLLM 0.26.0 / 0.27.1 runs this model on the V2 model runner by default (0.32.0: nearly always).
 
     ``VllmConfig.use_v2_model_runner`` (``config/vllm.py``): a generating
     model uses V2 unless it is MoE and its architecture is not in

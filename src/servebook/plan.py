@@ -64,7 +64,7 @@ from servebook.lora import LoraSettings, lora_activation_bytes, lora_weights_byt
 from servebook.model_spec import ModelSpec
 from servebook.quant_schemes import KernelChoice, kernel_on
 from servebook.shipped import MODELS_DIR
-from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens
+from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens, rule_release
 
 #: The GPU assumed when ``--gpu`` is not given: the card the book's labs run on.
 DEFAULT_GPU = "H200"
@@ -115,6 +115,8 @@ class Plan:
     lora: LoraSettings | None = None
     #: the kernel the GPU runs a quantized checkpoint with (None for 16-bit weights).
     kernel: KernelChoice | None = None
+    #: the vLLM release whose rules the plan follows (``--vllm-version``; default :data:`PINNED_VLLM`).
+    vllm_version: str = PINNED_VLLM
 
     # -- what the other models read --------------------------------------------------------
     @property
@@ -132,9 +134,13 @@ class Plan:
         this plan's ``max_num_seqs`` and token budget (:func:`servebook.vllm_rules.cudagraph_max_tokens`)."""
         if self.cudagraph_max_tokens_given is not None:
             return self.cudagraph_max_tokens_given
+        from servebook.hardware import get_gpu
+
+        capability = get_gpu(self.gpu_name).compute_capability if self.gpu_name else ""
         return cudagraph_max_tokens(self.max_num_seqs, self.max_num_batched_tokens,
                                     num_speculative_tokens=num_speculative_tokens,
-                                    architecture=self.spec.architecture)
+                                    architecture=self.spec.architecture, compute_capability=capability,
+                                    vllm_version=self.vllm_version)
 
     def pool_groups(self) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
         """``(block size of each full-attention group, (window, block size) of each sliding group)``:
@@ -180,7 +186,7 @@ class Plan:
         b = self.budget
         return {
             "model": self.spec.name,
-            "vllm_rules": PINNED_VLLM,
+            "vllm_rules": self.vllm_version,
             "usage_context": self.usage_context,
             "gpu": self.gpu_name,
             "gpu_memory_gib": None if self.gpu_memory_bytes is None else self.gpu_memory_bytes / GIB,
@@ -336,6 +342,7 @@ def make_plan(
     usage_context: str = "serve",
     cudagraph_max_tokens: int | None = None,
     lora: LoraSettings | None = None,
+    vllm_version: str | None = None,
 ) -> Plan:
     """Compute a :class:`Plan`: the one description of a deployment every model prices.
 
@@ -351,7 +358,11 @@ def make_plan(
     (:mod:`servebook.lora`): their stacked tensors join the weights claim and their buffers the
     profiling peak. A quantized checkpoint is checked against the GPU's compute capability
     (:func:`servebook.quant_schemes.kernel_on`; a GPU that cannot run it is an error).
+    when not vLLM's (tokens). ``vllm_version``: the release whose rules apply where releases differ
+    (:data:`servebook.vllm_rules.RULE_RELEASES`; None: the newest checked, :data:`PINNED_VLLM`).
     """
+    rule_release(vllm_version)  # a release servebook has not read is refused before any work
+    vllm_version = vllm_version or PINNED_VLLM
     if usage_context not in USAGE_CONTEXT_FLAGS:
         raise ServebookError(f"--usage-context {usage_context!r} is not known; use one of "
                              f"{', '.join(USAGE_CONTEXT_FLAGS)} (serve = vllm serve, offline = the LLM class)")
@@ -383,7 +394,7 @@ def make_plan(
         raise ServebookError(f"--request-tokens {request_tokens} exceeds --max-model-len {max_model_len}: vLLM "
                              f"rejects longer requests; use at most {max_model_len} or raise --max-model-len")
     # Validate shape choices (block size, TP, dtype) before any memory arithmetic.
-    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp)
+    kv_cache_layout(spec, block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, vllm_version=vllm_version)
 
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
@@ -416,7 +427,7 @@ def make_plan(
         available = budget.available_kv_bytes
     cap = capacity(
         spec, available, max_model_len=max_model_len, max_num_batched_tokens=tokens,
-        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda",
+        block_size=block_size, kv_cache_dtype=kv_cache_dtype, tp=tp, device="cuda", vllm_version=vllm_version,
     )
     running = running_concurrency(cap, max_model_len if request_tokens is None else request_tokens, prompt_tokens)
     return Plan(
@@ -443,6 +454,7 @@ def make_plan(
         kv_budget_given=available_kv_gib is not None,
         lora=lora,
         kernel=kernel,
+        vllm_version=vllm_version,
     )
 
 

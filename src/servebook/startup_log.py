@@ -35,7 +35,10 @@ the ``vllm`` package of the release named):
 * ``Using V2 Model Runner`` (``v1/worker/gpu_worker.py``, 0.26.0 and 0.27.1).
 * ``GPU KV cache size: 682,625 tokens`` and ``Maximum concurrency for 2,000
   tokens per request: 341.31x`` (``v1/core/kv_cache_utils.py``,
-  ``get_kv_cache_configs``; the two may also share one line).
+  ``get_kv_cache_configs``; the two may also share one line). 0.32.0 prints
+  them as one line that names the pool's device: ``CPU KV cache size: 7,168 tokens,
+  Maximum concurrency for 512 tokens per request: 14.00x``
+  (``update_kv_cache_capacity``); both forms are read.
 * ``Add 8 padding layers, may waste at most 15.38% KV cache memory``
   (``_get_kv_cache_groups_uniform_page_size``).
 * ``Setting kv cache block size to 64 for FLASHMLA backend.``
@@ -90,7 +93,9 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "cudagraph_pool": re.compile(
         r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM + r" GiB \(estimated\)"
     ),
-    "kv_tokens": re.compile(r"GPU KV cache size: " + _INT + r" tokens"),
+    # 0.26.0/0.27.1: ``GPU KV cache size: N tokens``; 0.32.0 names the device the pool lives on
+    # (``CPU KV cache size``, ``GPU + host`` with host offload) and prints the concurrency on the same line
+    "kv_tokens": re.compile(r"\b(?:GPU|[A-Z]{2,4})(?: \+ host)? KV cache size: " + _INT + r" tokens"),
     "concurrency": re.compile(
         r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + r"x"
     ),
@@ -143,7 +148,7 @@ class StartupLog(PaddingSummary):
             log has neither (eager, or the V2 model runner, which estimates 0).
         model_runner: ``"v2"`` when the log says ``Using V2 Model Runner``, else None.
         kv_in_use_gib: ``Current kv cache memory in use is K GiB``.
-        kv_cache_tokens: ``GPU KV cache size: N tokens``.
+        kv_cache_tokens: ``GPU KV cache size: N tokens`` (0.32.0: ``<DEVICE> KV cache size``).
         max_concurrency: ``Maximum concurrency ... X.XXx`` (2 decimals).
         concurrency_max_model_len: the ``M`` of ``for M tokens per request``.
         padding_layers / padding_waste_pct: from the padding warning(s);
@@ -260,7 +265,7 @@ def parse_startup_log(text: str) -> StartupLog:
             found[key] = m
     if not found and not padding:
         raise ServebookError(
-            "no vLLM start-up lines found (looked for 'GPU KV cache size', 'Available KV cache "
+            "no vLLM start-up lines found (looked for 'GPU/CPU KV cache size', 'Available KV cache "
             "memory', 'Model loading took', ...); pass the engine's full start-up output"
         )
     values: dict[str, object] = {"padding_warnings": tuple(padding)}

@@ -28,6 +28,7 @@ from servebook.vllm_rules import (
     check_batch_budget,
     check_block_size,
     check_long_prefill_threshold,
+    rule_release,
 )
 
 #: Seeds accepted: [0, 2**32). ``numpy.random.seed`` (which vLLM's ``seed`` reaches) refuses others;
@@ -208,8 +209,15 @@ def check_config_arg(value, name: str = "--config") -> None:
 
 # -- per command ----------------------------------------------------------------------------------
 
+def check_vllm_version(value, name: str = "--vllm-version") -> None:
+    """A release whose rules servebook holds (:data:`servebook.vllm_rules.RULE_RELEASES`), or None."""
+    if value is not None:
+        rule_release(value)
+
+
 def validate_plan_args(args) -> None:
     """``servebook plan``'s flags, before the model is read."""
+    check_vllm_version(getattr(args, "vllm_version", None))
     check_config_arg(args.config)
     gpu = check_gpu(args.gpu)
     check_tp_arg(args.tp)
@@ -305,6 +313,7 @@ def validate_fleet_args(args) -> None:
         check_gpu(args.gpu)
         check_calibration(args.calibration)
         return
+    check_vllm_version(getattr(args, "vllm_version", None))
     check_config_arg(args.config)
     check_gpu(args.gpu)
     check_tp_arg(args.tp)
@@ -349,6 +358,7 @@ def validate_step_args(args) -> None:
 
 def validate_simulate_args(args) -> None:
     """``servebook simulate``'s flags, before any request is drawn."""
+    check_vllm_version(getattr(args, "vllm_version", None))
     check_int(args.requests, "--requests", "number of requests")
     if args.rate != math.inf:
         check_number(args.rate, "--rate", "arrival rate in requests/s", low=0, low_open=True,

@@ -17,6 +17,7 @@ from pathlib import Path
 import jupytext
 import nbclient
 import nbformat
+from servebook.vllm_rules import PINNED_VLLM
 
 LABS = Path(__file__).resolve().parents[2] / "labs"
 PROVENANCE = ("date", "gpu", "vllm_version", "config", "config_sha256", "engine_args", "profile")
@@ -48,6 +49,6 @@ def check_provenance(doc: dict) -> None:
     """The result carries the provenance every recorded lab result must have (cpu-smoke run)."""
     for key in PROVENANCE:
         assert doc.get(key) not in (None, "", {}), key
-    assert doc["vllm_version"] == "0.27.1"
+    assert doc["vllm_version"] == PINNED_VLLM
     assert doc["profile"] == "cpu-smoke"
     assert doc["gpu"]["name"] == "cpu"

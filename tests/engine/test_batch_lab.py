@@ -14,6 +14,7 @@ pytest.importorskip("jupytext")
 pytest.importorskip("nbclient")
 
 from labrun import LABS, execute_lab  # noqa: E402
+from servebook.vllm_rules import PINNED_VLLM  # noqa: E402
 
 pytestmark = pytest.mark.engine
 LAB = LABS / "l8_batch_tactics.md"
@@ -28,7 +29,7 @@ def test_lab_l8_cpu_smoke_runs_and_records(tmp_path):
     saved = json.loads(files[0].read_text())
     assert saved["schema"] == "servebook.lab/1" and saved["lab"] == "l8_batch_tactics"
     doc = saved["measurements"]
-    assert saved["vllm_version"] == "0.27.1" and saved["gpu"]["name"] == "cpu"
+    assert saved["vllm_version"] == PINNED_VLLM and saved["gpu"]["name"] == "cpu"
     names = {c["name"] for c in doc["cases"]}
     assert names == {"http-server", "llm-generate", "order-shuffled", "order-length-sorted",
                      "order-prefix-grouped+length-sorted", "max-tokens-loose"}

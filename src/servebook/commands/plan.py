@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from servebook.vllm_rules import PINNED_VLLM
+from servebook.vllm_rules import GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES
 from servebook.errors import ServebookError
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION, load_coefficients
 from servebook.plan import (  # noqa: F401  (re-exported for callers of the old home)
@@ -66,7 +66,7 @@ def register(sub) -> None:
                    help=f"fraction of GPU memory vLLM may use, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV cache dtype (default auto = model dtype)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block, a multiple of 16 (default 16 on CUDA)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM 0.27.1's for the GPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per engine step (default: vLLM's for the GPU)")
     p.add_argument("--available-kv-gib", type=float, default=None,
                    help="start from a logged 'Available KV cache memory' (GiB per GPU) instead of the budget")
     p.add_argument("--request-tokens", type=int, default=None,
@@ -87,6 +87,9 @@ def register(sub) -> None:
                    help="largest adapter rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM's default 16)")
     p.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters cached in host memory, at least --max-loras (vLLM's default: --max-loras)")
+    p.add_argument("--vllm-version", default=None,
+                   help=f"vLLM release whose rules apply where releases differ: one of {', '.join(RULE_RELEASES)} "
+                        f"(default {PINNED_VLLM}, the newest checked; {GPU_LAB_VLLM} is the GPU results' release)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -95,7 +98,7 @@ def _table(plan: Plan) -> str:
     d = plan.to_dict()
     cap = plan.capacity
     b = plan.budget
-    lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {PINNED_VLLM} rules)"]
+    lines = [f"servebook plan: {plan.spec.name}, TP={plan.tp}, max_model_len={plan.max_model_len:,} (vLLM {plan.vllm_version} rules)"]
     lines.append("")
     if b is not None:
         lines.append(f"Memory budget per GPU ({plan.gpu_name}; activation, non-torch and CUDA-graph")
@@ -176,6 +179,7 @@ def run(args) -> int:
         available_kv_gib=args.available_kv_gib,
         request_tokens=args.request_tokens,
         lora=lora_settings(args),
+        vllm_version=args.vllm_version,
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

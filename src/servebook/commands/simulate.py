@@ -5,7 +5,8 @@ import json
 import math
 
 from servebook.errors import ServebookError
-from servebook.vllm_rules import DEFAULT_GPU_MEMORY_UTILIZATION, check_tp_size
+from servebook.vllm_rules import (DEFAULT_GPU_MEMORY_UTILIZATION, GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES,
+                                  check_tp_size)
 from servebook.simulator import (LENGTH_PRESETS, POLICIES, RESERVATIONS, LinearStepTime, SchedulerConfig, simulate,
                                  synthetic_workload_with_truncation)
 from servebook.simulator.config import TOY_MAX_MODEL_LEN, scheduler_config
@@ -21,7 +22,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "simulate",
         help="simulate vLLM's scheduler (paged KV, continuous batching) or a baseline policy",
-        description="Discrete-event simulation of a vLLM 0.27.1-like step loop on a synthetic "
+        description="Discrete-event simulation of a vLLM 0.32.0-like step loop (--vllm-version 0.26.0 for that release) on a synthetic "
         "workload. Step times come from the calibrated performance model (servebook.perf, the same "
         "as `servebook step`) when --config and --gpu are given: then TTFT, inter-token latency and "
         "throughput are seconds for that model on that GPU. Without --config they come from a simple "
@@ -71,6 +72,9 @@ def register(sub) -> None:
                    help="perf step model: fraction of GPU memory vLLM may use, for the default --num-blocks "
                         f"(default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's)")
     p.add_argument("--calibration", help="perf step model: calibration record instead of the shipped one")
+    p.add_argument("--vllm-version", default=None,
+                   help=f"vLLM release whose rules apply where releases differ: one of {', '.join(RULE_RELEASES)} "
+                        f"(default {PINNED_VLLM}, the newest checked; {GPU_LAB_VLLM} is the GPU results' release)")
     p.add_argument("--json", action="store_true", help="print JSON (summary and config)")
     p.add_argument("--steps", action="store_true", help="with --json: include the per-step trace and per-request metrics")
     p.set_defaults(func=run)
@@ -85,7 +89,8 @@ def _plan(args):
     return make_plan(args.config, gpu=args.gpu, tp=args.tp, max_model_len=args.max_model_len,
                      kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                      max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                     gpu_memory_utilization=args.gpu_memory_utilization, usage_context=args.usage_context)
+                     gpu_memory_utilization=args.gpu_memory_utilization, usage_context=args.usage_context,
+                     vllm_version=args.vllm_version)
 
 
 def _step_model(args, plan=None):
@@ -132,7 +137,7 @@ def run(args) -> int:
     max_model_len = plan.max_model_len if plan is not None else (args.max_model_len or TOY_MAX_MODEL_LEN)
     policy_fields = dict(long_prefill_token_threshold=args.long_prefill_token_threshold,
                          enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
-                         reservation=args.reservation)
+                         reservation=args.reservation, vllm_version=args.vllm_version or PINNED_VLLM)
     engine = {k: v for k, v in (("block_size", args.block_size), ("max_num_seqs", args.max_num_seqs),
                                 ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
     if isinstance(step_model, PerfStepTime):

@@ -387,7 +387,8 @@ def predicted_kv_cache_tokens(name: str) -> float:
     cap = capacity(spec, int(logged(name, "available_kv_cache_gib") * GIB), max_model_len=mml,
                    max_num_batched_tokens=tokens, block_size=kw.get("block_size"),
                    kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), tp=kw.get("tensor_parallel_size", 1),
-                   device=device, async_scheduling=kw.get("async_scheduling"))
+                   device=device, async_scheduling=kw.get("async_scheduling"),
+                   vllm_version=flags.get("vllm_version"))
     return cap.kv_cache_tokens
 
 
@@ -402,7 +403,8 @@ def predicted_padding_layers(name: str) -> float:
     device = "cpu" if flags["device"] == "cpu" else "cuda"
     return kv_cache_layout(load_model_spec(d / "config.json"), block_size=kw.get("block_size"),
                            kv_cache_dtype=kw.get("kv_cache_dtype", "auto"),
-                           tp=kw.get("tensor_parallel_size", 1), device=device).padding_layers
+                           tp=kw.get("tensor_parallel_size", 1), device=device,
+                           vllm_version=flags.get("vllm_version")).padding_layers
 
 
 def _step_timing(model_file: str) -> dict:

@@ -142,11 +142,13 @@ class Deployment:
            kv_cache_dtype: str = "auto", gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
            kv_budget_bytes_per_gpu: float | None = None, speculation: Speculation | None = None,
            price_per_gpu_hour: float | None = None, cudagraph_max_tokens: int | None = None,
-           usage_context: str = "offline", max_model_len: int | None = None, name: str = "") -> "Deployment":
+           usage_context: str = "offline", max_model_len: int | None = None, name: str = "",
+           vllm_version: str | None = None) -> "Deployment":
         """A deployment of ``model`` (ModelSpec, reference id or config path) on ``gpus`` x ``gpu``.
 
         The engine settings go to :func:`servebook.plan.make_plan` (None = vLLM's default for
-        the usage context); ``kv_budget_bytes_per_gpu`` replaces the memory model's KV budget.
+        the usage context); ``kv_budget_bytes_per_gpu`` replaces the memory model's KV budget;
+        ``vllm_version`` the release whose rules apply (None: the newest checked).
         """
         from servebook.plan import make_plan_that_fits
 
@@ -154,7 +156,8 @@ class Deployment:
         engine = dict(gpu=gpu_name, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
                       kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, usage_context=usage_context, cudagraph_max_tokens=cudagraph_max_tokens,
-                      available_kv_gib=None if kv_budget_bytes_per_gpu is None else kv_budget_bytes_per_gpu / 2**30)
+                      available_kv_gib=None if kv_budget_bytes_per_gpu is None else kv_budget_bytes_per_gpu / 2**30,
+                      vllm_version=vllm_version)
         # vLLM refuses to start when one request of the default max_model_len (the model's context)
         # does not fit; a batch job then sets --max-model-len to what fits (fleet's notes say so)
         plan, lowered = make_plan_that_fits(model, max_model_len=max_model_len, **engine)

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servebook.errors import ServebookError
-from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, SMALL_GPU_BATCH_DEFAULTS, sliding_window_hold_tokens,
+from servebook.vllm_rules import (CUDA_DEFAULT_BLOCK_SIZE, PINNED_VLLM, SMALL_GPU_BATCH_DEFAULTS, rule_release,
+                                  sliding_window_hold_tokens,
                                   sliding_window_running_blocks)
 
 _DEFAULT_TOKENS, _DEFAULT_SEQS = SMALL_GPU_BATCH_DEFAULTS["LLM_CLASS"]
@@ -56,6 +57,9 @@ class SchedulerConfig:
             where a group's differs from ``block_size`` (vLLM unifies page sizes by giving layers of
             larger heads larger blocks: Gemma 4's full-attention group holds 32 tokens a block beside
             16 in its sliding groups); each a multiple of ``block_size``. Empty: ``block_size`` for all.
+        vllm_version: the release whose scheduler rules apply where releases differ (the long-prefill
+            cap on a lone request: :func:`servebook.vllm_rules.effective_long_prefill_threshold`);
+            default the pinned release, a deployment's from its plan.
 
     Defaults (no GPU, no model: the toy engine of the mechanism pages) are vLLM's ``LLM``-class
     batch defaults on a GPU below 70 GiB (:data:`servebook.vllm_rules.SMALL_GPU_BATCH_DEFAULTS`);
@@ -78,8 +82,10 @@ class SchedulerConfig:
     sliding_windows: tuple[int, ...] = ()
     full_block_sizes: tuple[int, ...] = ()
     sliding_block_sizes: tuple[int, ...] = ()
+    vllm_version: str = PINNED_VLLM
 
     def __post_init__(self) -> None:
+        rule_release(self.vllm_version)
         positive = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
         for name in positive:
             if getattr(self, name) < 1:
@@ -184,7 +190,8 @@ def scheduler_config(plan, **overrides) -> SchedulerConfig:
                   max_num_batched_tokens=plan.max_num_batched_tokens, max_model_len=plan.max_model_len,
                   full_groups=len(full), sliding_windows=tuple(w for w, _ in sliding),
                   full_block_sizes=full if any(b != block for b in full) else (),
-                  sliding_block_sizes=tuple(b for _, b in sliding) if any(b != block for _, b in sliding) else ())
+                  sliding_block_sizes=tuple(b for _, b in sliding) if any(b != block for _, b in sliding) else (),
+                  vllm_version=plan.vllm_version)
     fields.update(overrides)
     if fields["sliding_windows"] or fields["full_block_sizes"] or fields["sliding_block_sizes"]:
         fields["enable_prefix_caching"] = False

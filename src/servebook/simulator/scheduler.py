@@ -52,6 +52,7 @@ from servebook.simulator.block_pool import BlockPool
 from servebook.simulator.config import SchedulerConfig
 from servebook.simulator.contiguous import ContiguousAllocator, reservation_tokens
 from servebook.simulator.workload import RequestSpec
+from servebook.vllm_rules import effective_long_prefill_threshold
 
 
 class RequestState:
@@ -113,6 +114,15 @@ class _Base:
 
     def add(self, request: RequestState) -> None:
         self.waiting.append(request)
+
+    def _long_prefill_cap(self) -> int:
+        """This step's per-request prefill cap, tokens (0: none), by the configured release's rule
+        (:func:`servebook.vllm_rules.effective_long_prefill_threshold`: from 0.32.0 a lone request,
+        running or waiting, is not capped). Admitting moves a request from waiting to running, so
+        the count is the same throughout the step, as vLLM's count at the step's start."""
+        cfg = self.config
+        return effective_long_prefill_threshold(cfg.long_prefill_token_threshold,
+                                                len(self.running) + len(self.waiting), cfg.vllm_version)
 
     # Occupancy, for the trace ------------------------------------------------
     def reserved_slots(self) -> int:  # pragma: no cover - overridden
@@ -247,7 +257,7 @@ class PagedScheduler(_Base):
         when nothing can be cut or preempted) with ``budget`` tokens, then the waiting pass."""
         cfg = self.config
         bs = cfg.block_size
-        threshold = cfg.long_prefill_token_threshold
+        threshold = self._long_prefill_cap()
         max_len = cfg.max_model_len
         pool = self.pool
         scheduled: list[tuple[RequestState, int]] = []
@@ -386,8 +396,7 @@ class ContiguousScheduler(_Base):
         return reservation_tokens(r.spec.total_tokens, self.config.max_model_len, self.config.reservation)
 
     def _schedule_running(self, budget: int) -> tuple[list[tuple[RequestState, int]], int]:
-        cfg = self.config
-        threshold = cfg.long_prefill_token_threshold
+        threshold = self._long_prefill_cap()
         scheduled = []
         for r in self.running:
             if budget <= 0:
@@ -407,8 +416,9 @@ class ContiguousScheduler(_Base):
         """Tokens to schedule for newly admitted ``r``, or None if it cannot start."""
         cfg = self.config
         new = r.num_tokens
-        if 0 < cfg.long_prefill_token_threshold < new:
-            new = cfg.long_prefill_token_threshold
+        threshold = self._long_prefill_cap()
+        if 0 < threshold < new:
+            new = threshold
         if not cfg.enable_chunked_prefill and new > budget:
             return None
         if self.memory.allocate(r.rid, self._reservation(r)) is None:
@@ -453,8 +463,9 @@ class StaticScheduler(ContiguousScheduler):
             self.running.append(r)
             if budget > 0:
                 new = r.num_tokens
-                if 0 < self.config.long_prefill_token_threshold < new:
-                    new = self.config.long_prefill_token_threshold
+                threshold = self._long_prefill_cap()
+                if 0 < threshold < new:
+                    new = threshold
                 new = min(new, budget)
                 scheduled.append((r, new))
                 budget -= new

