@@ -173,6 +173,10 @@ def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None =
 STARTUP_ARGS = {
     "eager": dict(enforce_eager=True, max_model_len=32768, gpu_memory_utilization=0.90),
     "eager16k": dict(enforce_eager=True, max_model_len=16384, gpu_memory_utilization=0.90),
+    # The same with a quarter of the offline token budget: the profiling run's activations scale with
+    # max_num_batched_tokens, so the pair separates per-token buffers (MoE workspaces) from the rest.
+    "eager16k-b4k": dict(enforce_eager=True, max_model_len=16384, gpu_memory_utilization=0.90,
+                         max_num_batched_tokens=4096),
     "fp8kv": dict(enforce_eager=True, max_model_len=32768, gpu_memory_utilization=0.80,
                   kv_cache_dtype="fp8", max_num_batched_tokens=8192),
     "util50": dict(enforce_eager=True, max_model_len=8192, gpu_memory_utilization=0.50,
@@ -204,6 +208,8 @@ def main() -> None:
     ap.add_argument("--contexts", default="512,2048,8192,16384")
     ap.add_argument("--batches", default="1,4,16,32,64,128,256")
     ap.add_argument("--prefill-tokens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="decode samples per (batch, context); each sample is kept in samples_s")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment variable for the engine's process (repeatable), e.g. "
                          "VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random; recorded with the case")
@@ -226,7 +232,7 @@ def main() -> None:
                          "with max_tokens=1 (median of repeats); CUDA graphs on; greedy; ignore_eos")
         timing = {"contexts": [int(x) for x in args.contexts.split(",")],
                   "batches": [int(x) for x in args.batches.split(",")],
-                  "token_cap": args.token_cap, "decode_steps": 32, "repeats": 2,
+                  "token_cap": args.token_cap, "decode_steps": 32, "repeats": args.repeats,
                   "prefill_tokens": [int(x) for x in args.prefill_tokens.split(",")], "prefill_repeats": 3}
         engine_args = dict(max_model_len=max(timing["contexts"] + timing["prefill_tokens"]) + 64,
                            gpu_memory_utilization=0.90, max_num_seqs=max(timing["batches"]),

@@ -93,6 +93,7 @@ ARCHITECTURES: dict[str, str] = {
     "GptOssForCausalLM": "gpt_oss",
     "DeepseekV2ForCausalLM": "deepseek",
     "DeepseekV3ForCausalLM": "deepseek",
+    "Glm4MoeLiteForCausalLM": "deepseek",
 }
 
 #: ``model_type`` -> family, used when ``architectures`` is absent.
