@@ -112,35 +112,48 @@ def step_errors(doc: dict, job: dict) -> dict[tuple[str, bool], dict]:
             for k, (n, m, p) in out.items() if p > 0}
 
 
-def job_table(directory: str | Path | None = None, folders=COMPARED_FOLDERS) -> list[dict]:
-    """Every recorded job of ``folders``: fleet's default answer (the job with ramp and drain) against the
-    measurement, its group (:func:`job_group`), kind and routing, the steady state and the simulator's
-    replay. ``error``: measured / predicted seconds - 1 (= predicted / measured output tokens/s - 1)."""
-    fitted, sources = fitted_models(), _calibration_sources()
-    rows = []
-    for folder in folders:
-        declared = declaration(folder, directory)
-        for path, doc in records(folder, directory):
-            from servebook.hf_config import load_model_spec
+def sources(directory: str | Path | None = None, folders=COMPARED_FOLDERS) -> list[tuple[Path, dict, dict | None]]:
+    """``(path, record, that folder's heldout.toml or None)`` for every record of ``folders``; for a
+    ``directory`` that holds ``e2e_*.json`` files itself (a test's fixtures), those files."""
+    from servebook.records import results_dir
 
-            spec = load_model_spec(doc["config"], name=doc["model_id"])
-            for r in job_rows(doc, fitted=fitted, detail=True):
-                job = next(j for j in doc["jobs"] if j["name"] == r["job"] and "wall_s" in j)
-                group, why = job_group(path, doc, r["job"], declared, fitted=fitted, sources=sources)
-                rows.append({"record": f"{folder}/{path.stem}", "model": doc["model_id"],
-                             "kind": model_kind(spec), "job": r["job"], "group": group, "why": why,
-                             "routes_as_priced": routes_as_priced(doc, spec), "routing": r["routing"],
-                             "requests": r["requests"], "mean_input": r["mean_input"], "mean_output": r["mean_output"],
-                             "measured_s": r["measured_s"], "predicted_s": r["finite_s"], "error": r["finite_error"],
-                             "steady_s": r["predicted_s"], "steady_error": r["error"],
-                             "simulated_s": r["simulated_s"], "simulated_error": r["measured_s"] / r["simulated_s"] - 1,
-                             "gpu": r["gpu"], "repeat_key": repr(_repeat_key(doc, job)), "tp": int(doc["engine_args"].get(
-                                 "tensor_parallel_size") or 1),
-                             "_doc": doc, "_job": job})
+    base = results_dir(directory)
+    if directory is not None and not any((base / f).is_dir() for f in folders) and list(base.glob("e2e_*.json")):
+        return [(p, json.loads(p.read_text()), None) for p in sorted(base.glob("e2e_*.json"))]
+    return [(p, doc, declaration(f, directory)) for f in folders for p, doc in records(f, directory)]
+
+
+def job_table(recorded: list[tuple[Path, dict, dict | None]] | None = None, *, gpu: str | None = None,
+              fitted: list[str] | None = None) -> list[dict]:
+    """Every recorded job (``recorded``: :func:`sources`, by default the folders compared with fleet):
+    :func:`servebook.lab.e2e.analysis.job_rows`' row with fleet's DEFAULT answer (the job with its ramp and
+    drain) as ``predicted_s`` and ``error`` (measured / predicted seconds - 1 = predicted / measured output
+    tokens/s - 1), the steady state alone as ``steady_state_s``/``steady_state_error``, the simulator's
+    replay as ``simulated_error``; its ``group`` and ``why`` (:func:`job_group`), ``kind``
+    (:func:`servebook.perf.error_bands.model_kind`), ``routes_as_priced``, ``record`` and ``repeat_key``."""
+    from servebook.hf_config import load_model_spec
+
+    fitted = fitted_models() if fitted is None else fitted
+    calibrated = _calibration_sources()
+    rows = []
+    for path, doc, declared in (sources() if recorded is None else recorded):
+        spec = load_model_spec(doc["config"], name=doc["model_id"])
+        for r in job_rows(doc, fitted=fitted, gpu=gpu, detail=True):
+            job = next(j for j in doc["jobs"] if j["name"] == r["job"] and "wall_s" in j)
+            group, why = job_group(path, doc, r["job"], declared, fitted=fitted, sources=calibrated)
+            rows.append(r | {
+                "record": f"{path.parent.name}/{path.stem}", "kind": model_kind(spec), "group": group, "why": why,
+                "routes_as_priced": routes_as_priced(doc, spec),
+                "steady_state_s": r["predicted_s"], "steady_state_error": r["error"],
+                "steady_state_tps": r["predicted_tps"], "predicted_tps": r["measured_tps"] * r["measured_s"] / r["finite_s"],
+                "predicted_s": r["finite_s"], "error": r["finite_error"],
+                "simulated_error": r["measured_s"] / r["simulated_s"] - 1,
+                "repeat_key": repr(_repeat_key(doc, job)), "tp": int(doc["engine_args"].get("tensor_parallel_size") or 1),
+                "_doc": doc, "_job": job})
     return rows
 
 
-def averaged(rows: list[dict], keys=("error", "steady_error", "simulated_error")) -> list[dict]:
+def averaged(rows: list[dict], keys=("error", "steady_state_error", "simulated_error")) -> list[dict]:
     """Rows with repeats of one job (same ``repeat_key``) merged: errors averaged, ``repeats`` counted."""
     merged: dict = {}
     for r in rows:
@@ -230,7 +243,7 @@ def build(directory: str | Path | None = None) -> dict:
     sweep, points, specs = _sweep_errors()
     from servebook.perf.gpu import gpu_numbers
 
-    rows = job_table(directory, FOLDERS)
+    rows = job_table(sources(directory, FOLDERS))
     gpus = {gpu_numbers(g).name for g in {p["gpu"] for p in sweep} | {r["gpu"] for r in rows}}
     if len(gpus) != 1:
         raise ValueError(f"the bands assume one GPU; the records name {sorted(gpus)}")
@@ -248,7 +261,7 @@ def build(directory: str | Path | None = None) -> dict:
 
     for r in averaged(priced):
         member = f"{r['model']} {r['job']}" + (f" (x{r['repeats']} averaged)" if r["repeats"] > 1 else "")
-        for prediction, key in (("job", "error"), ("steady_state", "steady_error"), ("simulated", "simulated_error")):
+        for prediction, key in (("job", "error"), ("steady_state", "steady_state_error"), ("simulated", "simulated_error")):
             add(regime_key(prediction, r["kind"], r["tp"]), r[key], member, "end-to-end jobs", "jobs")
     # steps of held-out jobs: one error per job (repeats averaged) and regime
     per_repeat: dict = {}
@@ -288,3 +301,23 @@ def _split_rule() -> str:
     from servebook.perf.model import load_calibration
 
     return load_calibration().get("split_rule", "")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.0f}%"
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """:func:`job_table`'s rows as the benchmark and the results page show them (one dict per job, column
+    name -> text): fleet's default answer against the measurement, the steady state and the replay beside."""
+    return [{"record": r["record"], "job": r["job"], "kind": r["kind"], "group": r["group"],
+             "routing": "as priced" if r["routes_as_priced"] else "own router",
+             "measured s": f"{r['measured_s']:.1f}", "fleet s": f"{r['predicted_s']:.1f}", "error": _pct(r["error"]),
+             "steady-state s": f"{r['steady_state_s']:.1f}", "steady-state error": _pct(r["steady_state_error"]),
+             "replay error": _pct(r["simulated_error"])} for r in rows]
+
+
+def band_rows(doc: dict) -> list[dict]:
+    """The bands file's regimes as table rows: regime, low, high, count, rule, sources."""
+    return [{"regime": key, "low": _pct(b["lo"]), "high": _pct(b["hi"]), "count": b["count"], "rule": b["method"],
+             "from": ", ".join(f"{n} {s}" for s, n in b["sources"].items())} for key, b in doc["bands"].items()]
