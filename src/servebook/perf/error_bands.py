@@ -165,15 +165,16 @@ def _tp_field(prediction: str) -> str:
 def assess(q: Query, path: str | Path | None = None) -> dict:
     """The band of ``q``'s regime and what lies outside what was measured.
 
-    Returns ``regime`` (its key), ``kind``, ``band`` (:func:`band_of`'s dict plus ``members`` and
-    ``sources``, or None: no held-out measurement of this regime), ``outside`` (reasons, see
-    :func:`outside_measured`), ``covers_query`` (a band exists and nothing is outside), ``error``
+    Returns ``regime`` (its key), ``kind``, ``band`` (:func:`band_of`'s dict plus ``unit`` and
+    ``sources``, the bands file also naming its members; None: no held-out measurement of this regime),
+    ``outside`` (reasons, see :func:`outside_measured`), ``covers_query`` (a band exists and nothing is outside), ``error``
     (how the errors are defined) and ``gpu`` (where they were measured).
     """
     doc = load_bands(path)
     kind = model_kind(q.spec)
     key = regime_key(q.prediction, kind, q.tp, q.step, q.graph)
     band = doc["bands"].get(key)
+    band = None if band is None else {k: v for k, v in band.items() if k != "members"}  # the file names them
     outside = outside_measured(q, doc)
     return {"regime": key, "kind": KINDS[kind], "band": band, "outside": outside,
             "covers_query": band is not None and not outside, "error": doc["error"], "gpu": doc["gpu"]}
