@@ -4,7 +4,8 @@ Two sources, both on one H200 (vLLM 0.26.0):
 
 * the step-timing sweeps (``labs/results/step_timing``): their points held out by the calibration's
   split rule (``calibration.json`` "split_rule"; :func:`servebook.perf.calibrate.points_of`), priced
-  by the shipped coefficients; an MoE sweep counts only with uniform routing, as in the fit;
+  by the shipped coefficients against each point's recorded median; an MoE sweep counts only with
+  uniform routing, as in the fit;
 * the end-to-end jobs (``labs/results/e2e*/``), each job :func:`job_group`'s "held out": a record of
   a model no fit saw (``perf/data/e2e_split.json``, the records the calibration lists as sources, the
   models a term was designed after, :data:`SHAPED_A_TERM`), or, in a folder with a ``heldout.toml``, the
@@ -184,12 +185,15 @@ def held_out_summary(rows: list[dict]) -> dict:
             "held out, random router (beside)": summ([r for r in held if not r["routes_as_priced"]])}
 
 
-def _sweep_errors() -> list[dict]:
-    """Held-out step-timing points: kind, step kind, graph, TP, measured / predicted - 1."""
+def _sweep_errors(directory: str | Path | None = None) -> tuple[list[dict], list, dict]:
+    """The held-out step-timing points (the calibration's split rule) as dicts of kind, step kind, graph,
+    TP and error: the point's recorded median / predicted seconds - 1 (the median of its repeats, not the
+    fastest sample the fit uses: what a reader's engine takes); with every point and its ModelSpecs."""
     from servebook.perf.calibrate import load_measurements, predict_points
     from servebook.perf.model import calibrated_coefficients
+    from servebook.records import results_dir
 
-    points, specs = load_measurements()
+    points, specs = load_measurements(results_dir(directory) / "step_timing")
     out = []
     for gpu in sorted({p.gpu for p in points}):
         held = [p for p in points if p.gpu == gpu and p.heldout]
@@ -197,7 +201,7 @@ def _sweep_errors() -> list[dict]:
         for p, q in zip(held, predict_points(held, specs, gpu, coeffs)):
             tokens = p.batch if p.phase == "decode" else p.prompt_tokens
             out.append({"gpu": gpu, "model": p.model_id, "kind": model_kind(specs[p.model_id]), "step": p.phase,
-                        "graph": tokens <= p.cudagraph_max_tokens, "tp": p.tp, "error": p.measured_s / float(q) - 1,
+                        "graph": tokens <= p.cudagraph_max_tokens, "tp": p.tp, "error": p.recorded_median_s / float(q) - 1,
                         "what": f"{p.model_id} {p.phase} " + (f"batch {p.batch} ctx {p.context_tokens:.0f}"
                                                               if p.phase == "decode" else f"{p.prompt_tokens} tokens")
                         + (f" tp{p.tp}" if p.tp > 1 else "")})
@@ -240,7 +244,7 @@ def _envelope(points, specs, directory) -> dict:
 
 def build(directory: str | Path | None = None) -> dict:
     """The whole ``error_bands.json`` document (see the module docstring)."""
-    sweep, points, specs = _sweep_errors()
+    sweep, points, specs = _sweep_errors(directory)
     from servebook.perf.gpu import gpu_numbers
 
     rows = job_table(sources(directory, FOLDERS))
