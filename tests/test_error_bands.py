@@ -138,3 +138,26 @@ def test_committed_error_bands_file_is_what_the_script_writes():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert ERROR_BANDS_FILE.read_text() == mod.text(), "run scripts/fit_error_bands.py and commit the file"
+
+
+def test_held_out_rule_of_a_job():
+    from servebook.hf_config import load_reference_config
+    from servebook.lab.e2e.bands import job_group
+    from servebook.provenance import config_sha256
+
+    def doc(model_id, ref):
+        return {"model_id": model_id, "config_sha256": config_sha256(load_reference_config(ref))}
+
+    fitted = ["llama-3.1-8b"]
+    here = Path("/x/e2e/e2e_m.json")
+    # another run of a fitted model's config (a new id) is fitted
+    assert job_group(here, doc("llama-3.1-8b-long", "llama-3.1-8b"), "j", None, fitted=fitted, sources=set())[0] == "fitted"
+    # a record a calibration stage was fitted on is fitted, whatever its model
+    assert job_group(here, doc("m", "gemma-3-27b"), "j", None, fitted=fitted, sources={"e2e/e2e_m.json"})[0] == "fitted"
+    # a model a term was designed after is fitted
+    assert job_group(here, doc("mixtral-8x7b-uniform", "mixtral-8x7b"), "j", None, fitted=fitted, sources=set())[0] == "fitted"
+    # otherwise held out; a declaration written before the run decides for the jobs it lists
+    assert job_group(here, doc("m", "gemma-3-27b"), "j", None, fitted=fitted, sources=set())[0] == "held out"
+    declared = {"job": [{"record": "e2e_m", "job": "j", "group": "fitted"}]}
+    assert job_group(here, doc("m", "gemma-3-27b"), "j", declared, fitted=fitted, sources=set())[0] == "fitted"
+    assert job_group(here, doc("m", "gemma-3-27b"), "k", declared, fitted=fitted, sources=set())[0] == "held out"

@@ -208,7 +208,7 @@ def _band(args, plan, step_model, requests, summary) -> dict:
 
     n = max(len(requests), 1)
     context = sum(r.prompt_tokens + r.output_tokens for r in requests) / n
-    a = assess(Query("simulated", step_model.spec, gpu_numbers(args.gpu).name, tp=args.tp, context_tokens=context, kv_cache_dtype=plan.kv_cache_dtype,
-                     open_arrivals=math.isfinite(args.rate)))
+    a = assess(Query("simulated", step_model.spec, gpu_numbers(args.gpu).name, tp=args.tp, context_tokens=context,
+                     kv_cache_dtype=plan.kv_cache_dtype, open_arrivals=math.isfinite(args.rate)))
     return a | {"of": "makespan_s and output_tokens_per_s", "makespan_s_range": scaled(summary["makespan_s"], a["band"]),
                 "output_tokens_per_s_range": scaled(summary["output_tokens_per_s"], a["band"], rate=True)}
