@@ -61,6 +61,8 @@
     cudagraph_max_tokens: "largest CUDA-graph step, tokens (0: vLLM's default)",
     rate: "arrival rate (requests/s, Poisson)", ttft_ms: "p90 TTFT target (ms)", tpot_ms: "p90 TPOT target (ms)",
   };
+  // A field's label where one calculator means something narrower by it.
+  const LABELS_FOR = { tune: { gpus: "most GPUs to use (--gpus)" } };
   // Step of each number box's arrows (any value may be typed).
   const STEPS = { max_model_len: "1024", context_tokens: "1024", max_num_seqs: "1", target_step_ms: "5",
                   k: "1", acceptance: "0.05", batch: "1", gpus: "1", requests: "100000", input_tokens: "500",
@@ -160,7 +162,8 @@
     const defaults = { ...rt.options.defaults, ...JSON.parse(container.dataset.defaults || "{}") };
     const form = el("form", { class: "servebook-live-form", autocomplete: "off" });
     for (const name of FIELDS[calculator]) {
-      form.append(el("label", {}, [el("span", {}, [LABELS[name]]), control(name, rt.options, defaults[name])]));
+      const label = (LABELS_FOR[calculator] || {})[name] || LABELS[name];
+      form.append(el("label", {}, [el("span", {}, [label]), control(name, rt.options, defaults[name])]));
     }
     const paste = el("textarea", { name: "config_json", rows: "6", cols: "60", hidden: "",
                                    placeholder: "paste the model's config.json here" });
