@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -320,3 +321,25 @@ def test_the_tune_calculator_refuses_more_gpus_than_its_grid():
     reply = live.compute({"calculator": "tune", "model": "qwen3-32b", "gpus": "8"})
     assert reply == {"ok": False, "error": "gpus 8 is not allowed: it is the most GPUs the live search may use and "
                                            "must be <= 4 (servebook tune searches any number)"}
+
+
+def test_a_pasted_config_gets_placeholders_in_the_tune_lines(tmp_path, capsys):
+    """The servebook tune line names the reader's config.json and the serve lines a model folder, never
+    the temporary files the page wrote; run from a folder holding that config.json, the line picks the same."""
+    from servebook.cli import main
+
+    text = (MODELS_DIR / "llama-3.1-8b.json").read_text()
+    reply = live.compute({"calculator": "tune", "config_json": text, "gpu": "H200", "gpus": "2", "rate": "6",
+                          "input_tokens": "512", "output_tokens": "128", "ttft_ms": "800", "tpot_ms": "40"})
+    assert reply["ok"], reply.get("error")
+    temporary = re.escape(tempfile.gettempdir()) + r"|servebook-live-(?!frontier\b|bar\b)"
+    assert not re.search(temporary, json.dumps(reply)), json.dumps(reply)[:300]
+    assert reply["model"] == live.PASTED
+    line = shlex.split(reply["note"].split("on the command line: ", 1)[1])
+    assert line[line.index("--config") + 1] == "config.json"
+    assert reply["command"].startswith("vllm serve MODEL_DIR ") and reply["pick"]["serve_command"] == reply["command"]
+    (tmp_path / "config.json").write_text(text)
+    line[line.index("--config") + 1] = str(tmp_path / "config.json")
+    assert main(line[1:] + ["--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["serve_command"].replace(str(tmp_path), "MODEL_DIR") == reply["command"]

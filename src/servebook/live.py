@@ -148,8 +148,11 @@ def compute(request: dict) -> dict:
             reply = {"ok": True, "calculator": name, **_CALCULATORS[name](config, request)}
         except ServebookError as exc:
             return {"ok": False, "error": str(exc).replace(config, PASTED) if pasted else str(exc)}
-    if pasted and "command" in reply:  # vLLM loads the model's folder: a placeholder, not our temporary one
-        reply["command"] = reply["command"].replace(shlex.quote(folder), "MODEL_DIR")
+    if pasted:  # the reader's file is their config.json, and vLLM loads the model's folder: placeholders
+        # for our temporary ones (in the serve lines, and the servebook tune line the tune calculator gives)
+        text = json.dumps(reply).replace(json.dumps(config)[1:-1], "config.json")
+        text = text.replace(json.dumps(shlex.quote(folder))[1:-1], "MODEL_DIR")
+        reply = json.loads(text.replace(Path(folder).name, PASTED))   # the model's name: its folder's
     return reply
 
 
@@ -434,7 +437,7 @@ def _tune(config: str, request: dict) -> dict:
     note = (f"Live grid: TP {' and '.join(map(str, LIVE_TUNE_TPS))}, KV dtype "
             f"{', '.join(LIVE_TUNE_KV_CACHE_DTYPES)}, at most {LIVE_TUNE_MAX_GPUS} GPUs; targets must be beaten by "
             f"{result.targets.factor - 1:.0%} (the model's error allowance). "
-            + (f"Band: where measured values fell for 80% of {runs} held-out vllm serve runs on an H200. "
+            + (f"Band: where measured values fell for 80% of {runs} held-out vllm serve runs on {gpu}. "
                if band else "No held-out vllm serve run on this GPU: the prediction is unchecked there. ")
             + f"The same search on the command line: {tune_cli_line(config, request)}")
     reply = {"model": result.tried[0].plan.spec.name if result.tried else config, "gpu": gpu, "numbers": numbers,
