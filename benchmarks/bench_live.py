@@ -32,13 +32,13 @@ from tests.browser.conftest import _QuietHandler  # noqa: E402  (serves .wasm/.m
 READY_GOAL_S = 10.0
 #: Recompute goal by the event a move fires: per keystroke, or per committed value (a whole search).
 RECOMPUTE_GOAL_MS = {"input": 100.0, "change": 5000.0}
-#: Page -> (control to move, the values it cycles through, the event a move fires). The first calculator
-#: on the page is timed. The tune calculator (6.11) runs a whole search per move and recomputes on
-#: ``change`` (a committed value), not per keystroke: time it with a few moves (``--moves 4``).
+#: Page -> (the calculator timed, the control to move, the values it cycles through, the event a move
+#: fires). The tune calculator (6.11) runs a whole search per move and recomputes on ``change`` (a
+#: committed value), not per keystroke: time it with a few moves (``--moves 4``).
 PAGES = {
-    "notebooks/memory_budget.html": ("max_model_len", [4096, 8192, 16384, 32768, 65536], "input"),
-    "notebooks/kv_per_token.html": ("context_tokens", [1024, 8192, 32768, 131072], "input"),
-    "book/06-11-chunked-prefill.html": ("tpot_ms", [50, 25, 40, 35], "change"),
+    "notebooks/memory_budget.html": ("plan", "max_model_len", [4096, 8192, 16384, 32768, 65536], "input"),
+    "notebooks/kv_per_token.html": ("kv", "context_tokens", [1024, 8192, 32768, 131072], "input"),
+    "book/06-11-chunked-prefill.html": ("tune", "tpot_ms", [50, 25, 40, 35], "change"),
 }
 
 
@@ -48,7 +48,7 @@ def _serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def _cold_start(browser: Browser, url: str, control: str, values: list[int], event: str,
+def _cold_start(browser: Browser, url: str, calculator: str, control: str, values: list[int], event: str,
                 moves: int) -> tuple[float, float, list[float]]:
     """(wall seconds click -> live, the page's own ready time in s, recompute times in ms)."""
     context, target, session = browser.new_page()
@@ -58,24 +58,25 @@ def _cold_start(browser: Browser, url: str, control: str, values: list[int], eve
         start = len(browser.events[session])
         browser.send("Page.navigate", {"url": url}, session)
         browser.wait_for_event(session, "Page.loadEventFired", 60, start)
+        box = f".servebook-live[data-calculator={calculator}]"
         t0 = time.monotonic()
-        browser.evaluate(session, "document.querySelector('.servebook-live button.servebook-live-run').click()")
+        browser.evaluate(session, f"document.querySelector('{box} button.servebook-live-run').click()")
         state = "loading"
         while state in ("idle", "loading") and time.monotonic() - t0 < 300:
             time.sleep(0.05)
-            state = browser.evaluate(session, "document.querySelector('.servebook-live').dataset.state")
+            state = browser.evaluate(session, f"document.querySelector('{box}').dataset.state")
         wall = time.monotonic() - t0
         if state != "ready":
-            status = browser.evaluate(session, "document.querySelector('.servebook-live-status').textContent")
+            status = browser.evaluate(session, f"document.querySelector('{box} .servebook-live-status').textContent")
             raise SystemExit(f"Run live ended in state {state!r}: {status}")
         ready = browser.evaluate(session, "window.servebookLive.timings.ready_ms") / 1000
         recompute = []
-        done_js = "Number(document.querySelector('.servebook-live').dataset.computations || 0)"
+        done_js = f"Number(document.querySelector('{box}').dataset.computations || 0)"
         for i in range(moves):
             value = values[i % len(values)]
             before = browser.evaluate(session, done_js)
             browser.evaluate(session, f"""(() => {{
-              const f = document.querySelector('.servebook-live [name={control}]');
+              const f = document.querySelector('{box} [name={control}]');
               f.value = '{value}'; f.dispatchEvent(new Event('{event}', {{bubbles: true}})); }})()""")
             # an input recomputes at once; a change (the tune search) after the page has painted its status
             while browser.evaluate(session, done_js) <= before and time.monotonic() - t0 < 600:
@@ -103,14 +104,15 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; {binary}")
     try:
         for page in args.page or sorted(PAGES):
-            control, values, event = PAGES[page]
+            calculator, control, values, event = PAGES[page]
             walls, readies, recomputes = [], [], []
             for run in range(args.runs):
                 # A new Chromium with a new profile each time: no HTTP cache, no compiled-WebAssembly cache.
                 browser = Browser(binary)
                 try:
                     browser.send("Browser.getVersion", timeout_s=60)
-                    wall, ready, recompute = _cold_start(browser, base + page, control, values, event, args.moves)
+                    wall, ready, recompute = _cold_start(browser, base + page, calculator, control, values, event,
+                                                        args.moves)
                 finally:
                     browser.close()
                 walls.append(wall)
