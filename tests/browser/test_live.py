@@ -71,7 +71,7 @@ def _assert_matches(shown: dict, plan) -> None:
     assert shown["weights_gib"]["value"] == pytest.approx(plan.budget.weights_gib, rel=1e-12)
 
 
-def _screenshot_control(browser, session, path) -> None:
+def _screenshot_control(browser, session, path, selector: str = ".servebook-live") -> None:
     """A screenshot of the live control alone (test-artifacts/browser/): the viewport grown to the
     page's height (as the page tests do), then clipped to the control."""
     height = min(int(browser.evaluate(session, "Math.ceil(document.documentElement.scrollHeight)") or 900), 8000)
@@ -79,7 +79,7 @@ def _screenshot_control(browser, session, path) -> None:
                  {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
     time.sleep(0.3)
     rect = json.loads(browser.evaluate(session, """JSON.stringify((() => {
-      const r = document.querySelector('.servebook-live').getBoundingClientRect();
+      const r = document.querySelector('""" + selector + """').getBoundingClientRect();
       return {x: r.left, y: r.top, width: r.width, height: r.height}; })())"""))
     shot = browser.send("Page.captureScreenshot", {"format": "png", "clip": {**rect, "scale": 1}}, session)
     path.write_bytes(base64.b64decode(shot["data"]))
@@ -309,7 +309,7 @@ def test_the_tune_calculator_shows_cpythons_search(site_url, browser, artifacts_
             assert shown["command"] == want.get("command"), change
             assert shown["picks"] == (want["pick"] is not None) and shown["frontier"] == len(want["frontier"]), change
             if change is None:
-                _screenshot_control(browser, session, artifacts_dir / "run-live-tune.png")
+                _screenshot_control(browser, session, artifacts_dir / "run-live-tune.png", TUNE)
 
         _commit(browser, session, "gpus", 8)
         assert _tune_shown(browser, session)["error"] == _cpython({**inputs, "gpus": 8})["error"]
