@@ -230,6 +230,12 @@ def _plans(model, gpu, tp, kv, max_model_len, usage, notes):
     return out
 
 
+def default_max_model_len(workload: OnlineWorkload) -> int:
+    """The engine's context a search sizes for: the workload's longest request, rounded up to a
+    multiple of 1,024 tokens."""
+    return 1024 * math.ceil(workload.max_request_tokens / 1024)
+
+
 def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: LatencyTargets,
          price_per_gpu_hour: float | None = None, max_model_len: int | None = None,
          tps: tuple[int, ...] = TP_CHOICES, kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES,
@@ -247,7 +253,7 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         raise ServebookError(f"--gpus must be >= 1, got {max_gpus}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ServebookError(f"--price-per-gpu-hour must be >= 0, got {price_per_gpu_hour}")
-    length = max_model_len or 1024 * math.ceil(workload.max_request_tokens / 1024)
+    length = max_model_len or default_max_model_len(workload)
     spec = model if not isinstance(model, str) else load_model_spec(model)
     notes: list[str] = []
     ladders = []   # (tp, [(plan, flags)]) for each TP and KV dtype that fits
