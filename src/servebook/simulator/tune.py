@@ -193,6 +193,10 @@ class TuneResult:
         closest = min(fewer, key=lambda c: max(c.misses.values()))
         return tuple(sorted(closest.misses))
 
+    def binding_one_gpu_fewer_text(self) -> str:
+        """:meth:`binding_one_gpu_fewer` in words (``"TPOT"``, ``"TTFT and TPOT"``; ``"none"``)."""
+        return " and ".join(TARGET_NAMES[m] for m in self.binding_one_gpu_fewer()) or "none"
+
     def cost_per_hour(self, c: Candidate) -> float | None:
         return None if self.price_per_gpu_hour is None else c.gpus * self.price_per_gpu_hour
 
@@ -228,6 +232,10 @@ def _plans(model, gpu, tp, kv, max_model_len, usage, notes):
                 continue
             out.append((plan, _flags(mns, mnbt)))
     return out
+
+
+#: How the book and the CLI name each target metric.
+TARGET_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end"}
 
 
 def default_max_model_len(workload: OnlineWorkload) -> int:
@@ -339,7 +347,7 @@ def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu
              workload: OnlineWorkload, path: ServingPath) -> str:
     """Which target binds when nothing met them, and what would relax it."""
     q = targets.percentile
-    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end latency"}
+    names = {m: f"{TARGET_NAMES[m]} latency" if m == "e2e" else TARGET_NAMES[m] for m in TARGET_NAMES}
     goal = {"ttft": targets.ttft_s, "tpot": targets.tpot_s, "e2e": targets.e2e_s}
     fastest = max(tried, key=lambda c: c.plan.tp)
     floors = _floors(fastest, workload, path)

@@ -115,16 +115,29 @@ def worksheet(model, *, gpu: str, tp: int, replicas: int, rate_per_s: float, pro
               price_per_gpu_hour: float | None = None) -> Worksheet:
     """The worksheet of ``replicas`` x TP ``tp`` of ``model`` (a reference id or config.json) on
     ``gpu`` serving ``rate_per_s`` requests/s of ``prompt_tokens`` in and ``output_tokens`` out
-    (uniform within +-``range_ratio``), at vLLM's serve defaults otherwise."""
+    (uniform within +-``range_ratio``), at vLLM's serve defaults otherwise and the context a search
+    would size (:func:`servebook.simulator.tune.default_max_model_len`)."""
     from servebook.plan import make_plan
-    from servebook.simulator.online import OnlineWorkload, latency_band, predict_latency, replica_engine
-    from servebook.simulator.tune import Candidate, default_max_model_len
+    from servebook.simulator.online import OnlineWorkload
+    from servebook.simulator.tune import default_max_model_len
 
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-        raise ServebookError(f"price per GPU-hour must be >= 0, got {price_per_gpu_hour}")
     workload = OnlineWorkload(rate_per_s, prompt_tokens, output_tokens, range_ratio=range_ratio)
     plan = make_plan(model, gpu=gpu, tp=tp, kv_cache_dtype=kv_cache_dtype,
                      max_model_len=default_max_model_len(workload), usage_context="serve")
+    return worksheet_of(plan, replicas, workload, price_per_gpu_hour=price_per_gpu_hour)
+
+
+def worksheet_of(plan, replicas: int, workload, *, changed_flags: tuple[str, ...] = (),
+                 price_per_gpu_hour: float | None = None) -> Worksheet:
+    """The worksheet of ``replicas`` copies of a :class:`~servebook.plan.Plan` under an
+    :class:`~servebook.simulator.online.OnlineWorkload` (e.g. a ``servebook tune`` candidate's plan;
+    ``changed_flags`` are the flags it sets beyond vLLM's defaults, for the ``vllm serve`` line)."""
+    from servebook.simulator.online import latency_band, predict_latency, replica_engine
+    from servebook.simulator.tune import Candidate
+
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ServebookError(f"price per GPU-hour must be >= 0, got {price_per_gpu_hour}")
+    prompt_tokens, output_tokens = workload.input_tokens, workload.output_tokens
     pred = predict_latency(plan, workload, replicas=replicas)
     _, step, _ = replica_engine(plan)
     running = max(1, round(pred.mean_running))
@@ -135,18 +148,18 @@ def worksheet(model, *, gpu: str, tp: int, replicas: int, rate_per_s: float, pro
     mixed = step.step_s([(chunk, 0, chunk == prompt_tokens)], [round(context)] * running)
     b = plan.budget
     return Worksheet(
-        model=plan.spec.name, gpu=plan.gpu_name, tp=tp, replicas=replicas, kv_cache_dtype=kv_cache_dtype,
-        rate_per_s=rate_per_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        model=plan.spec.name, gpu=plan.gpu_name, tp=plan.tp, replicas=replicas, kv_cache_dtype=plan.kv_cache_dtype,
+        rate_per_s=workload.rate_per_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         weights_gib=b.weights_bytes / GIB, activation_gib=b.activation_bytes / GIB,
         non_torch_gib=b.non_torch_bytes / GIB, cudagraph_gib=b.cudagraph_bytes / GIB,
         kv_gib=b.available_kv_bytes / GIB, kv_tokens=plan.capacity.kv_cache_tokens,
         full_length_running=plan.running.max_running, max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens, running_at_rate=pred.mean_running,
         mean_context_tokens=context, decode_step_s=decode, prefill_chunk_tokens=chunk, mixed_step_s=mixed,
-        ttft_s=dict(pred.ttft_s), tpot_s=dict(pred.tpot_s), band=latency_band(gpu),
-        output_tokens_per_s_per_gpu=pred.output_tokens_per_s / tp,
+        ttft_s=dict(pred.ttft_s), tpot_s=dict(pred.tpot_s), band=latency_band(plan.gpu_name),
+        output_tokens_per_s_per_gpu=pred.output_tokens_per_s / plan.tp,
         price_per_gpu_hour=price_per_gpu_hour,
-        serve_command=Candidate(plan, replicas, pred, ()).serve_command())
+        serve_command=Candidate(plan, replicas, pred, tuple(changed_flags)).serve_command())
 
 
 def example_parameters() -> dict:
