@@ -77,7 +77,7 @@ def run(args) -> int:
 
 
 def to_json(result) -> dict:
-    from servebook.simulator.online import latency_band
+    from servebook.simulator.online import latency_band, latency_band_text
     from servebook.simulator.tune import WATCH
 
     best = result.best
@@ -93,7 +93,7 @@ def _ms(x: float) -> str:
 
 
 def render(result) -> str:
-    from servebook.simulator.online import latency_band
+    from servebook.simulator.online import latency_band, latency_band_text
     from servebook.simulator.tune import WATCH
 
     w, t, q = result.workload, result.targets, result.targets.percentile
@@ -119,13 +119,7 @@ def render(result) -> str:
         cost = result.cost_per_million_output_tokens(best)
         if cost is not None:
             lines.append(f"  cost: {result.cost_per_hour(best):.2f} per hour, {cost:.3f} per million output tokens")
-        band = latency_band(result.gpu)
-        if band:
-            parts = [f"{m.replace('_', ' ')} {b['p10']:+.0%}..{b['p90']:+.0%}" for m, b in band.items()]
-            lines.append(f"  error band (predicted/measured - 1, 80% of {next(iter(band.values()))['runs']} held-out "
-                         f"vllm serve runs on an H200, vLLM 0.26.0): " + "; ".join(parts))
-        else:
-            lines.append(f"  error band: no held-out vllm serve run on {result.gpu.upper()}: unchecked there")
+        lines.append(f"  error band: {latency_band_text(latency_band(result.gpu), result.gpu)}")
     lines += ["", f"Pareto frontier of the {len(result.tried)} candidates tried, among those that keep up "
               f"(higher tokens/s per GPU, lower p{q} TPOT):",
               f"  {'GPUs':>4} {'TP':>3} {'repl':>4} {'flags':<44} {'tok/s/GPU':>9} {'TTFT p' + str(q):>10} {'TPOT p' + str(q):>10} meets"]

@@ -187,6 +187,15 @@ def latency_band(gpu: str = "h200") -> dict[str, dict] | None:
     return json.loads(SERVING_PATH_FILE.read_text()).get("band", {}).get(_catalogue_name(gpu))
 
 
+def latency_band_text(band: dict | None, gpu: str) -> str:
+    """:func:`latency_band` in words, for the CLI's ``tune`` and ``simulate --rate``."""
+    if not band:
+        return f"no held-out vllm serve run on {gpu.upper()}: unchecked there"
+    parts = [f"{m.replace('_', ' ')} {b['p10']:+.0%}..{b['p90']:+.0%}" for m, b in band.items()]
+    return (f"predicted/measured - 1, 80% of {next(iter(band.values()))['runs']} held-out vllm serve runs on an "
+            f"H200, vLLM 0.26.0: " + "; ".join(parts))
+
+
 @dataclass(frozen=True)
 class LatencyPrediction:
     """One replica's predicted latencies and throughput at ``rate_per_s``.
@@ -250,7 +259,13 @@ def predict_from_requests(requests: list[RequestSpec], config, step, *,
     """Serve ``requests`` on the simulated engine and summarise as ``vllm bench serve`` does."""
     from servebook.simulator.run import simulate
 
-    result = simulate(requests, config, step)
+    return served_latency(simulate(requests, config, step), serving_path=serving_path)
+
+
+def served_latency(result, *, serving_path: ServingPath = ServingPath()) -> LatencyPrediction:
+    """A simulated run (:func:`servebook.simulator.simulate`'s result) as ``vllm bench serve`` would
+    report it: the engine's TTFT and TPOT plus the serving path's, percentiles, throughput and
+    whether the queue kept growing."""
     reqs = result.requests
     ttft = [r.ttft_s + serving_path.ttft_s for r in reqs]
     tpot = [(r.last_token_s - r.first_token_s) / (r.output_tokens - 1) + serving_path.tpot_s
