@@ -42,8 +42,8 @@ engine, so they are modelled here as functions whose coefficients are
 ``v1/worker/gpu_model_runner.py``, ``v1/worker/gpu/model_runner.py``, ``v1/sample/``,
 ``v1/worker/workspace.py`` and ``fused_moe/modular_kernel.py``). The profiling run is a forward
 pass over ``T = max_num_batched_tokens`` tokens followed by a sampler run over
-``S = min(max_num_seqs, T)`` rows; the torch peak is the larger of the two phases, plus what stays
-allocated through both::
+``S = min(max_num_seqs, T)`` rows; the torch peak is the largest of three phases (a dense decoder
+layer, a fused-MoE layer, the sampler), each with what is still allocated at that point::
 
     peak = c0 + max(forward_dense, forward_moe, sampler)
     forward_dense = c_hidden x T x hidden x 2 + c_mlp x T x dense_mlp_bytes
@@ -56,8 +56,9 @@ allocated through both::
   allocated when the sampler runs. The monolithic MXFP4 kernel of gpt-oss
   (``OAITritonMxfp4ExpertsMonolithic``) allocates inside the kernel: no ``WS``, its caches are
   part of ``forward``.
-* ``forward``: copies of the hidden states and of the widest MLP block's live tensors
-  (:func:`mlp_bytes_per_token`).
+* ``forward_dense`` / ``forward_moe``: copies of the hidden states and of the layer's transient MLP
+  tensors (:func:`mlp_bytes_per_token` is the wider of the two). A dense layer that runs before
+  the first MoE layer (DeepSeek-V2's first layer) runs before the workspace exists.
 * ``sampler_phase_bytes`` (:func:`sampler_phase_bytes`): what is live while the sampler runs,
   which depends on the model runner. V1 (MoE architectures outside
   :data:`V2_RUNNER_MOE_ARCHITECTURES`, e.g. Qwen3-MoE and gpt-oss) runs the full sampler with
@@ -74,7 +75,9 @@ Every coefficient is "how many live copies of that tensor set the peak holds" (n
 1,024 dummy rows the sampler phase (about 2-2.7 GiB for 150-200k vocabularies) is larger than the
 whole forward pass, so gpt-oss's peak is almost flat in ``T``; on V2 it is small and the forward
 decides (Gemma's 262k vocabulary adds nothing there). The recorded start-ups ran with
-``VLLM_USE_FLASHINFER_SAMPLER=0`` (each log says so), the path modelled here.
+``VLLM_USE_FLASHINFER_SAMPLER=0`` (each log says so), the path modelled here; with FlashInfer's
+sampler on (vLLM's default) only the first V1 call changes, the seeded second one takes the same
+path. Not modelled: fewer than 8 dummy rows (PyTorch's sort path, at most a few dozen MiB).
 
 **What the shipped coefficients rest on.** ``data/memory_coefficients.json``
 says whether they are the first-principles :data:`PRIOR_COEFFICIENTS` or
