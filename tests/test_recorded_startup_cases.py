@@ -3,7 +3,7 @@
 The comparison predicts each start-up from its config and engine arguments alone; the logged
 ``Model loading took``, ``Available KV cache memory`` and ``GPU KV cache size`` are the truth.
 Issue 40's goal: KV tokens within 0.5% of the log, for 16-bit models as today and for the quantized
-checkpoints and LoRA setting recorded by /work/notes/quant_gpu.md's command (AWQ int4, GPTQ int4,
+checkpoints and LoRA setting recorded by labs/tools/gpu_record.py startup (AWQ int4, GPTQ int4,
 FP8 weights, LoRA 4 x rank 64).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_quantized_and_lora_startups_within_half_a_percent_of_kv_tokens():
     present = [n for n in QUANT_CASES if n in cases]
     if not present:
         pytest.skip("the issue-40 H200 start-ups (AWQ, GPTQ, FP8, LoRA) are not recorded yet: "
-                    "see /work/notes/quant_gpu.md for the command")
+                    "record them with labs/tools/gpu_record.py startup --cases llama-3.1-8b-awq-int4:eager,... (labs/results/raw/quant-startup-2026-12-03.log)")
     artifacts = {n: why for n in present if (why := dummy_load_artifact(cases[n]))}
     rows = [_compare(cases[n]) for n in present if n not in artifacts]
     print("\n" + "\n".join(r.row() for r in rows) + "".join(f"\n{n}: not compared ({w})" for n, w in artifacts.items()))
