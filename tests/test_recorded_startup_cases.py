@@ -22,12 +22,13 @@ QUANT_CASES = ("llama-3.1-8b-awq-int4--eager", "llama-3.1-8b-gptq-int4--eager", 
                "llama-3.1-8b--lora")
 
 
-def _cases() -> dict[str, dict]:
+def _cases(only: str | None = None) -> dict[str, dict]:
     """Cases whose engine sized its KV cache (a case killed later, during its warm-up, counts), each
-    with the file's GPU total."""
+    with the file's GPU total. A case recorded twice is its latest recording (files by their date);
+    ``only``: one file's cases."""
     out = {}
-    for path in sorted(results_path("startup_logs").glob("h200-vllm0.26.0-*.json")):
-        doc = json.loads(path.read_text())
+    docs = [json.loads(p.read_text()) for p in results_path("startup_logs").glob(only or "h200-vllm0.26.0-*.json")]
+    for doc in sorted(docs, key=lambda d: d["date"]):
         for case in doc["cases"]:
             if case.get("returncode") == 0 or "GPU KV cache size:" in (case.get("log") or ""):
                 out[case["name"]] = dict(case, gpu_total_memory_bytes=doc["gpu"]["total_memory_bytes"])
@@ -76,8 +77,10 @@ def test_quantized_and_lora_startups_within_half_a_percent_of_kv_tokens():
 
 
 def test_a_gptq_dummy_start_up_without_a_module_list_loads_16_bit_weights():
-    """The artifact the comparison leaves out is real: the GPTQ case logged the 16-bit model's weights."""
-    cases = _cases()
+    """The artifact the comparison leaves out is real: the first GPTQ recording (no module list) logged
+    the 16-bit model's weights; the re-recording with GPTQModel's module list loads int4 and is compared."""
+    assert dummy_load_artifact(_cases()["llama-3.1-8b-gptq-int4--eager"]) is None, "the latest GPTQ recording loads int4"
+    cases = _cases("h200-vllm0.26.0-quant.json")
     if "llama-3.1-8b-gptq-int4--eager" not in cases or "llama-3.1-8b--lora" not in cases:
         pytest.skip("the issue-40 H200 start-ups are not recorded yet")
     gptq = cases["llama-3.1-8b-gptq-int4--eager"]
