@@ -11,16 +11,6 @@ set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
 
-inputs_stamp() {
-  # One line per input group: a change in any group makes earlier notebook outputs untrustworthy.
-  echo "config    $(hash_files _config.yml _toc.yml $(ls book/_ext/*.py 2>/dev/null))"
-  echo "python    $(hash_files requirements.txt pyproject.toml)"
-  echo "js        $(hash_files package-lock.json)"
-  echo "library   $(hash_files $(find src/servebook -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | sort))"
-  # Pages glue numbers from the recorded GPU data: a new or changed result file must re-run them.
-  echo "recorded  $(hash_files $(find labs/results -type f -name '*.json' | sort))"
-}
-
 clear_stale_cache() {
   local stamp=_build/.servebook-inputs now
   now=$(inputs_stamp)

@@ -47,7 +47,7 @@ pytest_run() {
   local label=$1 marker=$2; shift 2
   local rc=0
   mkdir -p "$ARTIFACTS"
-  SERVEBOOK_REQUIRE_BROWSER=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests notebooks -m "$marker" \
+  SERVEBOOK_REQUIRE_BROWSER=1 SERVEBOOK_BUILT_BOOK=1 PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest tests notebooks -m "$marker" \
     --durations=15 -p no:cacheprovider "$@" || rc=$?
   echo "$rc" > "$ARTIFACTS/pytest-$label.rc"
   [ "$rc" = 0 ] || [ "$rc" = 5 ]
