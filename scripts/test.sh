@@ -61,8 +61,8 @@ pytest_run() {
 # process leaves the second core idle. SIDE_PATHS run in the second process (its output is printed
 # when both are done); every other file runs in the first, so a new test file needs no listing here.
 # SIDE_PATHS were picked from the per-file times of a whole run so that the two take about as long
-# (2026-12-03, --durations=0 on a loaded machine: these files ~700 s of test time, the other ~85
-# files ~670 s; the first process also spends ~60 s more collecting and importing).
+# (2026-12-03 on this shared 2-core machine, with other work running: the first process took 412 s,
+# the second 414 s; the whole stage 419 s and 405 CPU-s).
 SIDE_PATHS=(tests/engine tests/browser notebooks tests/test_notebooks.py)
 
 pytest_other() {
