@@ -28,6 +28,20 @@ print_stage_times() {
 
 hash_files() { (cd "$ROOT" && sha256sum "$@" 2>/dev/null | sha256sum | cut -c1-16); }
 
+# inputs_stamp: what the book build's cached notebook outputs depend on (scripts/build-book.sh keeps it in
+# _build/.servebook-inputs and clears the caches when it differs; tests/built_book.py compares the two
+# before reading a page's executed outputs from _build/.jupyter_cache).
+inputs_stamp() {
+  (cd "$ROOT"
+  # One line per input group: a change in any group makes earlier notebook outputs untrustworthy.
+  echo "config    $(hash_files _config.yml _toc.yml $(ls book/_ext/*.py 2>/dev/null))"
+  echo "python    $(hash_files requirements.txt pyproject.toml)"
+  echo "js        $(hash_files package-lock.json)"
+  echo "library   $(hash_files $(find src/servebook -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | sort))"
+  # Pages glue numbers from the recorded GPU data: a new or changed result file must re-run them.
+  echo "recorded  $(hash_files $(find labs/results -type f -name '*.json' | sort))")
+}
+
 # venv_install VENV ARGS...: install packages into VENV with uv (resolves and downloads in
 # parallel: about 10x faster than pip on a 2-core machine), falling back to pip if uv cannot be had.
 # Both write the .pyc files at install time (pip does by default).

@@ -5,21 +5,12 @@
 #   jupyter-book build -W -n --keep-going .   (any warning or failing notebook fails the build)
 # Notebooks run at build time with a cache (_build/.jupyter_cache). Cached outputs are stale when the
 # library, the configuration, the requirements or the recorded GPU data (labs/results) change, so a stamp of those inputs is kept in
-# _build/.servebook-inputs and the caches are cleared automatically when it differs.
+# _build/.servebook-inputs and the caches are cleared automatically when it differs. Pages without
+# cached outputs are first run a few at a time (scripts/prerun_book.py; BOOK_JOBS, default: the cores).
 # CLEAN=1 scripts/build-book.sh   removes the whole _build first.
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 cd "$ROOT"
-
-inputs_stamp() {
-  # One line per input group: a change in any group makes earlier notebook outputs untrustworthy.
-  echo "config    $(hash_files _config.yml _toc.yml $(ls book/_ext/*.py 2>/dev/null))"
-  echo "python    $(hash_files requirements.txt pyproject.toml)"
-  echo "js        $(hash_files package-lock.json)"
-  echo "library   $(hash_files $(find src/servebook -type f ! -path '*/__pycache__/*' ! -name '*.pyc' | sort))"
-  # Pages glue numbers from the recorded GPU data: a new or changed result file must re-run them.
-  echo "recorded  $(hash_files $(find labs/results -type f -name '*.json' | sort))"
-}
 
 clear_stale_cache() {
   local stamp=_build/.servebook-inputs now
@@ -66,6 +57,11 @@ build() {
   clear_stale_cache
   build_live_wheel
   local log=_build/build.log rc=0
+  # Run the pages that have no cached outputs a few at a time first (scripts/prerun_book.py; one
+  # kernel per core): the build below then reads them from the cache instead of running them one by
+  # one. A page that fails there is left to the build, which runs it again and reports it.
+  PATH="$VENV/bin:$PATH" "$VENV/bin/python" "$ROOT/scripts/prerun_book.py" --jobs "${BOOK_JOBS:-$(nproc)}" \
+    || say "prerun_book.py failed (see above); the build runs every page itself"
   # The kernel ("python3") must be this venv's Python: put it first on PATH.
   PATH="$VENV/bin:$PATH" "$VENV/bin/jupyter-book" build -W -n --keep-going . 2>&1 | tee "$log" || rc=$?
   if [ $rc -ne 0 ]; then

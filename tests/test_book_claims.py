@@ -172,7 +172,12 @@ PAGES = sorted((ROOT / "book").glob("06-*.md"))
 
 
 def glued_names_of(path: Path) -> tuple[set[str], set[str]]:
-    """(names the prose quotes, names the page's code glues), running the page's code in-process."""
+    """(names the prose quotes, names the page's code glues).
+
+    The glued names come from the page's executed copy in this test run's book build when there is
+    a current one (tests/built_book.py: scripts/test.sh built the book just before, from the same
+    code and inputs); otherwise the page's code runs here, in-process.
+    """
     import contextlib
     import os
     import sys
@@ -180,9 +185,14 @@ def glued_names_of(path: Path) -> tuple[set[str], set[str]]:
 
     import jupytext
 
+    from built_book import executed_page, glued_names
+
     notebook = jupytext.read(path)
     prose = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
     quoted = {m.strip() for m in GLUE_ROLE_RE.findall(prose)}
+    executed = executed_page(path)
+    if executed is not None:
+        return quoted, glued_names(executed)
     glued: set[str] = set()
     fake = types.ModuleType("myst_nb")
     fake.glue = lambda name, value, display=True: glued.add(name)
@@ -244,3 +254,24 @@ def test_index_names_the_gpus_the_labs_ran_on():
     lab9 = [k for k in by_lab if k.startswith("l9_")]
     assert lab9 and all(by_lab[k] == {2} for k in lab9), f"index.md 'two for Lab 9': {by_lab}"
     assert all(v == {1} for k, v in by_lab.items() if k not in lab9), f"index.md 'one GPU per lab': {by_lab}"
+
+
+def test_glued_names_read_from_an_executed_page_equal_the_in_process_run(tmp_path):
+    """The two ways glued_names_of learns what a page glues agree: the executed copy's outputs
+    (tests/built_book.py, what the book build stored) and the in-process run of the page's code."""
+    from jupyter_cache.executors.utils import single_nb_execution
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    from built_book import glued_names
+
+    page = tmp_path / "06-98-x.md"
+    page.write_text("---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+                    "    format_version: 0.13\nkernelspec:\n  display_name: Python 3\n  language: python\n"
+                    "  name: python3\n---\n\n# x\n\n```{code-cell} ipython3\nfrom myst_nb import glue\n"
+                    "glue('shown', 1.0)\nglue('hidden', 2.0, display=False)\n```\n\n"
+                    "{glue:text}`shown:.1f` and {glue:text}`hidden:.1f`.\n")
+    notebook = read_myst_markdown_notebook(page.read_text(), add_source_map=True, path=page)
+    result = single_nb_execution(notebook, cwd=str(tmp_path), allow_errors=False, timeout=120, meta_override=True)
+    assert result.err is None, result.exc_string
+    quoted, glued = glued_names_of(page)
+    assert glued_names(notebook) == glued == quoted == {"shown", "hidden"}
