@@ -25,10 +25,13 @@ GEMM efficiency (half rows, half width) to timings of vLLM's fused-MoE kernel al
 (``labs/results/moe_kernels``); this fit keeps those two and fits the expert peak itself. MoE step
 timings count only when the engine routed uniformly (:func:`routes_as_priced`).
 
-Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
+Four further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
 shapes only: :mod:`servebook.perf.calibrate_steps` the host terms of steps that do not replay one full
 CUDA graph (``labs/results/e2e``), :mod:`servebook.perf.calibrate_sliding` the sliding-window layers'
-KV efficiency (``labs/results/e2e_attention``).
+KV efficiency (``labs/results/e2e_attention``), :mod:`servebook.perf.calibrate_mla` the host time an MLA
+layer adds to an eager step and :mod:`servebook.perf.calibrate_kv_fp8` the fp8 KV cache's read efficiency
+(both ``labs/results/e2e_issue39``, on the models ``perf/data/e2e_split.json``'s ``term_models`` names).
+Every coefficient keeps the sign its kind allows (:data:`servebook.perf.model.COEFFICIENT_KINDS`).
 
 Run ``python -m servebook.perf.calibrate`` to refit and write
 ``servebook/perf/data/calibration.json``.
