@@ -1,13 +1,17 @@
-"""``servebook fleet`` against the end-to-end jobs recorded on a GPU: predicted vs measured output tokens/s.
+"""``servebook fleet`` against the end-to-end jobs recorded on a GPU: predicted vs measured, the held-out summary, the bands.
 
-For every job under ``labs/results/e2e/`` (or ``--results DIR``): fleet's predicted wall time and
-output tokens/s for the job's own prompt and output lengths and engine flags, the measured ones, the
-error (predicted / measured - 1), and the steady state (the steps at >= 90% of the peak batch: its
-share of the wall time, its tokens/s and fleet's error against it). Then the mean absolute error and
-worst case for the models fleet is fitted on and for those held out (``perf/data/e2e_split.json``).
-Issue 20's goal: held out, mean absolute error <= 10%, worst <= 20%.
+For every job under ``labs/results/e2e/`` and ``labs/results/e2e_issue39/`` (or ``--results DIR``):
+fleet's DEFAULT answer (the job with its ramp and drain, what ``servebook fleet`` prints without a flag)
+for the job's own prompt and output lengths and engine flags, the measured wall time, the error
+(measured / predicted seconds - 1 = predicted / measured output tokens/s - 1), and beside it fleet's
+steady state alone (``--steady-state``) and the simulator's replay. Each job's group follows
+``servebook.lab.e2e.bands.job_group``: held out only when no fit saw its model (``perf/data/e2e_split.json``,
+the calibration's sources, the models a term was designed after) or when a ``heldout.toml`` declared it
+held out before it ran. Then the held-out summary (repeats averaged, MoE jobs on a random-weight router
+beside) and the error bands per regime (``perf/data/error_bands.json``, written by
+``scripts/fit_error_bands.py`` from the same held-out jobs and the held-out step-timing points).
 
-    python benchmarks/fleet_vs_measured.py [--results DIR] [--split FILE] [--gpu h200] [--json]
+    python benchmarks/fleet_vs_measured.py [--results DIR] [--split FILE] [--gpu h200] [--json] [--steps]
     python benchmarks/fleet_vs_measured.py --declared e2e_issue39     # jobs declared before they ran
 """
 from __future__ import annotations
@@ -15,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from servebook.lab.e2e.analysis import fitted_models, in_scope, job_rows, summary
-from servebook.records import e2e_results
+from servebook.lab.e2e.analysis import fitted_models, in_scope, summary
+from servebook.lab.e2e.bands import band_rows, held_out_summary, job_table, sources, table_rows
 
 
 def _pct(x, sign: str = "+") -> str:
@@ -54,6 +58,32 @@ def _declared(folder: str, gpu: str | None, as_json: bool) -> int:
     return 0
 
 
+def _print_table(rows: list[dict]) -> None:
+    """Rows of equal keys as aligned text columns (the results page shows the same rows as a table)."""
+    if not rows:
+        return
+    width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in rows[0]}
+    print("  ".join(f"{k:{width[k]}s}" for k in rows[0]))
+    for r in rows:
+        print("  ".join(f"{str(v):{width[k]}s}" for k, v in r.items()))
+
+
+def _bands() -> dict:
+    from servebook.perf.error_bands import load_bands
+
+    return load_bands()
+
+
+def _print_bands() -> None:
+    """The error bands per regime, from perf/data/error_bands.json (scripts/fit_error_bands.py)."""
+    doc = _bands()
+    print(f"\nheld-out error bands ({doc['error']}; {doc['band_rule']}; on {doc['gpu']}):")
+    _print_table(band_rows(doc))
+    for r in doc["beside"]:
+        print(f"beside (in no band): {r['member']} {_pct(r['error'])} ({r['why']})")
+    print("a regime not listed has no held-out measurement: fleet, step and simulate print 'no band' for it")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", help="results folder (holding e2e/) or a folder of e2e_*.json files")
@@ -70,22 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.declared:
         return _declared(args.declared, args.gpu, args.json)
     fitted = fitted_models(args.split)
-    rows = [r for doc in e2e_results(args.results) for r in job_rows(doc, fitted=fitted, gpu=args.gpu, detail=args.steps or args.json)]
+    rows = job_table(sources(args.results), gpu=args.gpu, fitted=fitted)
     groups = {g: summary([r for r in rows if r["group"] == g]) for g in ("fitted", "held out")}
-    steady = {g: summary([r for r in rows if r["group"] == g], "steady_error") for g in ("fitted", "held out")}
+    steady = {g: summary([r for r in rows if r["group"] == g], "steady_state_error") for g in ("fitted", "held out")}
+    held = held_out_summary(rows)
     if args.json:
-        print(json.dumps({"rows": rows, "summary": groups, "steady_summary": steady, "fitted_on": fitted}))
+        print(json.dumps({"rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+                          "summary": groups, "steady_state_summary": steady, "held_out_summary": held,
+                          "bands": _bands(), "fitted_on": fitted}))
         return 0
-    print(f"{'model':18s} {'job':18s} {'group':8s} {'pred s':>7s} {'meas s':>7s} {'pred tok/s':>10s} "
-          f"{'meas tok/s':>10s} {'error':>6s} {'steady':>6s} {'st.tok/s':>9s} {'st.err':>6s} "
-          f"{'batch f/m':>9s} {'step ms f/m':>11s}")
-    for r in rows:
-        steady_cols = (f"{100 * r['steady_share']:5.0f}% {r['steady_tps']:9.0f} {_pct(r['steady_error'])} "
-                       f"{r['fleet_batch']:4d}/{r['steady_batch']:<4.0f} "
-                       f"{1e3 * r['fleet_step_s']:5.1f}/{1e3 * r['steady_step_s']:<5.1f}"
-                       if "steady_tps" in r else f"{'-':>6s} {'-':>9s} {'-':>6s}")
-        print(f"{r['model']:18s} {r['job']:18s} {r['group']:8s} {r['predicted_s']:7.1f} {r['measured_s']:7.1f} "
-              f"{r['predicted_tps']:10.0f} {r['measured_tps']:10.0f} {_pct(r['error'])} {steady_cols}")
+    _print_table(table_rows(rows))
+    print("fleet s / error = servebook fleet's default answer (the job with its ramp and drain); steady s / st.err = "
+          "servebook fleet --steady-state; replay = the simulator's replay of the job's own requests; error = "
+          "measured / predicted seconds - 1 (= predicted / measured output tokens/s - 1); route: router = an MoE on "
+          "its random-weight router, not as the step model prices it")
     if args.steps:
         print(f"\n{'model':18s} {'job':18s} {'finite s':>8s} {'fin err':>7s} {'sim s':>6s} {'sim err':>7s} {'step err':>8s} {'decode':>6s} "
               f"{'mixed':>6s} {'mixed share':>11s} {'outside s':>9s}  decode-step error by batch")
@@ -102,15 +130,19 @@ def main(argv: list[str] | None = None) -> int:
         print()
     for g in ("fitted", "held out"):
         s, st = groups[g], steady[g]
-        print(f"{g:8s}: {s['jobs']} jobs, mean absolute error {_pct(s['mae'], '')}, worst {_pct(s['worst'])}, "
-              f"mean {_pct(s['mean'])}; against the steady state: MAE {_pct(st['mae'], '')}, worst {_pct(st['worst'])}")
+        print(f"{g:8s}: {s['jobs']} jobs, fleet's default answer: mean absolute error {_pct(s['mae'], '')}, worst "
+              f"{_pct(s['worst'])}, mean {_pct(s['mean'])}; its steady state alone: MAE {_pct(st['mae'], '')}, "
+              f"worst {_pct(st['worst'])}")
+    for name, h in held.items():
+        print(f"{name}, repeats averaged: {h['jobs']} jobs, median |error| {_pct(h['median'], '')}, mean |error| "
+              f"{_pct(h['mean'], '')}, worst {_pct(h['worst'])}")
+    if args.results is None:
+        _print_bands()
     if args.steps:
         for g in ("fitted", "held out"):
-            s = summary([r for r in rows if r["group"] == g], "finite_error")
-            print(f"{g:8s}: servebook fleet --finite-job (steady state + simulated ramp and drain): MAE "
-                  f"{_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
             s = summary([r for r in rows if r["group"] == g and in_scope(r)], "finite_error")
-            print(f"{g:8s}: the same, dense models and MoE with uniform (simulated) routing only ({s['jobs']} jobs): "
+            print(f"{g:8s}: fleet's default answer, dense models and MoE with uniform (simulated) routing only "
+                  f"({s['jobs']} jobs): "
                   f"MAE {_pct(s['mae'], '')}, worst {_pct(s['worst'])}")
             s = summary([r for r in rows if r["group"] == g], "sim_error")
             print(f"{g:8s}: the simulator's replay (same step model, ramp and drain included): MAE "
@@ -118,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     routed = sorted({r["model"] for r in rows if not in_scope(r)})
     if routed:
         print(f"random router (MoE on random weights, tokens not routed uniformly): {', '.join(routed)}")
-    print("steady = share of the wall time at >= 90% of the job's peak batch; in a job of one batch of requests "
-          "that is its decode-only part, so st.err compares fleet's mixed steady state with pure decoding there")
     notes = sorted({f"{r['model']}: GPU {r['gpu_source']}" for r in rows if not r["gpu_source"].startswith("recorded")})
     for n in notes:
         print(f"note: {n}")

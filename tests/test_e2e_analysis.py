@@ -103,6 +103,13 @@ def test_benchmark_prints_every_job_and_both_groups(capsys, monkeypatch):
     [doc] = e2e_results(FIXTURES)
     assert len(out["rows"]) == len([j for j in doc["jobs"] if "wall_s" in j])
     assert out["summary"]["held out"]["jobs"] == len(out["rows"]) and out["summary"]["fitted"]["jobs"] == 0
+    # "fleet s" is servebook fleet's default answer (the job with its ramp and drain), not its steady state
+    from servebook.lab.e2e.analysis import finite_job
+
+    for row, job in zip(out["rows"], [j for j in doc["jobs"] if "wall_s" in j]):
+        assert row["predicted_s"] == pytest.approx(finite_job(doc, job)["seconds"])
+        assert row["error"] == pytest.approx(job["wall_s"] / row["predicted_s"] - 1)
+        assert row["steady_state_s"] != pytest.approx(row["predicted_s"])
 
 
 def test_priced_steps_cover_the_recorded_steps():

@@ -329,3 +329,18 @@ def test_l4_plot_draws_the_recorded_pools_and_throughput_at_page_size(close_figu
     assert engine == pytest.approx([m["engines"][d]["kv_cache_tokens"] / 1e3 for d in dtypes])
     assert [p.get_height() for p in tput.patches] == pytest.approx(
         [m["engines"][d]["bench"]["summary"]["output_throughput"] for d in dtypes])
+
+
+def test_moe_dense_steps_draw_the_spread_of_the_repeats(close_figures):
+    from servebook.hf_config import load_model_spec
+
+    spec = load_model_spec("qwen3-30b-a3b")
+    moe = {1: 0.004, 64: 0.021}
+    dense = {1: 0.0186, 64: 0.0276}
+    moe_samples = {1: [0.004, 0.0041, 0.0039], 64: [0.016, 0.021, 0.065]}
+    fig = F.plot_moe_dense_steps(moe, dense, spec, ("A3B", "32B"), moe_samples=moe_samples)
+    bars = [c for ax in fig.axes for c in ax.collections]
+    spans = sorted(tuple(round(v, 3) for v in seg[:, 1]) for c in bars for seg in c.get_segments())
+    # one bar per MoE batch, fastest to slowest repeat in ms; none for the dense model (no samples given)
+    assert spans == [(3.9, 4.1), (16.0, 65.0)]
+    assert fig.axes[0].get_ylim()[1] >= 65.0, "the slowest repeat stays inside the axes"

@@ -247,11 +247,15 @@ def plot_speculation_speedup(specs: dict[str, object], gpu, coeffs, *, k: int, a
 # ---- 6.15: MoE against dense decode steps ----------------------------------------------------
 
 def plot_moe_dense_steps(moe_steps: dict[int, float], dense_steps: dict[int, float], moe_spec,
-                         labels: tuple[str, str] = ("MoE", "dense")):
+                         labels: tuple[str, str] = ("MoE", "dense"), *,
+                         moe_samples: dict[int, list[float]] | None = None,
+                         dense_samples: dict[int, list[float]] | None = None):
     """Measured decode step time (ms) of an MoE and a dense model against batch, with the experts
     the MoE's batch touches per layer on a second axis.
 
-    ``*_steps`` map batch to measured step seconds; the touched experts are
+    ``*_steps`` map batch to measured step seconds (the median of the repeats); ``*_samples``, when
+    given, map batch to every repeat (seconds) and are drawn as a bar from the fastest to the slowest
+    repeat; the touched experts are
     :func:`servebook.perf.expected_distinct_experts` of ``moe_spec`` (uniform routing) at the MoE's
     batches. Batch on a log-2 axis. Returns the figure.
     """
@@ -268,9 +272,15 @@ def plot_moe_dense_steps(moe_steps: dict[int, float], dense_steps: dict[int, flo
         db = sorted(dense_steps)
         dense, = ax.plot(db, [dense_steps[b] * 1e3 for b in db], "s-", color="C3", label=f"{labels[1]} step")
         moe, = ax.plot(mb, [moe_steps[b] * 1e3 for b in mb], "o-", color="C0", label=f"{labels[0]} step")
+        tops = [*moe_steps.values(), *dense_steps.values()]
+        for steps, samples, colour in ((moe_steps, moe_samples, "C0"), (dense_steps, dense_samples, "C3")):
+            for b, reps in (samples or {}).items():
+                if b in steps and len(reps) > 1:
+                    ax.vlines(b, min(reps) * 1e3, max(reps) * 1e3, color=colour, alpha=0.5, linewidth=3)
+                    tops.append(max(reps))
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
-        ax.set_ylim(0, max(*moe_steps.values(), *dense_steps.values()) * 1e3 * 1.45)   # room for the legend
+        ax.set_ylim(0, max(tops) * 1e3 * 1.45)   # room for the legend
         batches = sorted(set(mb) | set(db))
         ax.set_xscale("log", base=2)
         ax.set_xticks(batches, [str(b) for b in batches])

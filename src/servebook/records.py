@@ -115,7 +115,8 @@ class StepTimes:
     ``decode_s[(batch, prompt_tokens)]`` is the recorded decode step, in seconds, with ``batch``
     sequences whose prompts held ``prompt_tokens`` tokens; ``prefill_s[tokens]`` the recorded
     prefill of one prompt of ``tokens`` tokens, in seconds; ``decode_rows`` and ``prefill_rows``
-    the recorded rows themselves (what :mod:`servebook.figures` plots). ``vllm_version``,
+    the recorded rows themselves (what :mod:`servebook.figures` plots); ``decode_samples_s`` the
+    repeats behind each decode step (seconds; the step is their median). ``vllm_version``,
     ``gpu_name``, ``gpu_count``, ``engine_args`` and ``record`` (the whole document) say where and
     how it was measured.
     """
@@ -132,13 +133,17 @@ class StepTimes:
         self.decode_rows: list[dict] = result["decode"]
         self.prefill_rows: list[dict] = result["prefill"]
         self.decode_s = {(r["batch"], r["prompt_tokens"]): r["step_s"] for r in self.decode_rows}
+        self.decode_samples_s = {(r["batch"], r["prompt_tokens"]): list(r.get("samples_s") or [r["step_s"]])
+                                 for r in self.decode_rows}
         self.prefill_s = {r["tokens"]: r["time_s"] for r in self.prefill_rows}
 
 
-def step_times(model_file: str, directory: str | Path | None = None) -> StepTimes:
-    """The recorded step timings of ``step_timing/<model_file>.json`` (e.g. ``"qwen3-32b"``), first case."""
-    return StepTimes(read_json("step_timing", f"{model_file}.json", directory=directory),
-                     f"step_timing/{model_file}.json")
+def step_times(model_file: str, directory: str | Path | None = None, *, folder: str = "step_timing") -> StepTimes:
+    """The recorded step timings of ``<folder>/<model_file>.json`` (e.g. ``"qwen3-32b"``), first case.
+
+    ``folder="step_timing_repeats"`` reads the runs that repeat each decode point five times
+    (:attr:`StepTimes.decode_samples_s` holds the repeats)."""
+    return StepTimes(read_json(folder, f"{model_file}.json", directory=directory), f"{folder}/{model_file}.json")
 
 
 class RecordedStartup:

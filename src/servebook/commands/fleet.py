@@ -162,11 +162,31 @@ def run(args) -> int:
         finite = out["finite_job"] = finite_job_seconds(work, d, coeffs, p)
     elif args.finite_job:
         raise ServebookError("--finite-job replays the job without speculative decoding; drop --spec-k or --finite-job")
+    from servebook.perf.error_bands import Query, assess
+
+    job_s = finite["seconds"] if finite else p.hours * 3600
+    band = assess(Query("job" if finite else "steady_state", spec, gpu.name, tp=args.tp,
+                        context_tokens=args.input_tokens + args.output_tokens, kv_cache_dtype=d.plan.kv_cache_dtype,
+                        speculative=speculation is not None))
+    out["error_band"] = _band_json(band, job_s, finite["output_tokens_per_s"] if finite else p.output_tokens_per_s)
     if args.json:
         print(json.dumps(out))
         return 0
-    _print_text(spec, gpu, p, finite, d, where)
+    _print_text(spec, gpu, p, finite, d, where, band)
     return 0
+
+
+def _band_json(band: dict, seconds: float, tokens_per_s: float) -> dict:
+    """The headline's band for JSON: :func:`servebook.perf.error_bands.assess` with the ranges it implies."""
+    from servebook.perf.error_bands import scaled
+
+    return band | {"of": "the job's wall time and output tokens/s", "wall_s_range": scaled(seconds, band["band"]),
+                   "output_tokens_per_s_range": scaled(tokens_per_s, band["band"], rate=True)}
+
+
+def _print_band(band, job_s, band_text, scaled) -> None:
+    r = scaled(job_s, band["band"])
+    print("    " + band_text(band, "jobs") + (f": {_hours(r[0])} to {_hours(r[1])}" if r and not band["outside"] else ""))
 
 
 def _limit(p, d) -> str:
@@ -185,7 +205,9 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds:.3g} s"
 
 
-def _print_text(spec, gpu, p, finite, d, where) -> None:
+def _print_text(spec, gpu, p, finite, d, where, band) -> None:
+    from servebook.perf.error_bands import band_text, scaled
+
     print(f"{spec.name} on {p.gpus} x {gpu.name} = {p.replicas} replicas of tp={p.tp}")
     steady_s = p.hours * 3600
     if finite:
@@ -194,6 +216,7 @@ def _print_text(spec, gpu, p, finite, d, where) -> None:
               f"{finite['output_tokens_per_s']:.0f} output tokens/s "
               f"(steady state {_hours(steady_s)} + ramp and drain {_hours(finite['ramp_drain_s'])}; "
               f"peak {finite['peak_running']} running per replica in the replay)")
+        _print_band(band, job_s, band_text, scaled)
         share = finite["ramp_drain_s"] / job_s if job_s else 0.0
         print("  " + ("the steady state alone is a fair answer (ramp and drain under 5%)" if share < 0.05 else
                       f"ramp and drain are {share:.0%} of the job: the steady state alone would be too optimistic"))
@@ -201,6 +224,7 @@ def _print_text(spec, gpu, p, finite, d, where) -> None:
         job_s = steady_s
         print(f"  steady state only: {_hours(steady_s)} wall, {p.gpu_hours:.3g} GPU-hours, "
               f"{p.output_tokens_per_s:.0f} output tokens/s (no ramp or drain)")
+        _print_band(band, job_s, band_text, scaled)
     print(f"  batch {p.batch} per replica, limited by {_limit(p, d)} (KV cache holds {p.batch_kv_bound}); "
           f"{p.tokens_per_step:.2f} tokens/step, mean step {p.step_s * 1e3:.1f} ms")
     per_replica = p.requests_per_s * p.hours * 3600 / p.replicas if p.hours else 0.0

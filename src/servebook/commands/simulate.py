@@ -161,13 +161,16 @@ def run(args) -> int:
         shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed,
     )
     result = simulate(requests, config, step_model)
+    s = result.summary()
+    band = _band(args, plan, step_model, requests, s) if isinstance(step_model, PerfStepTime) else None
     if args.json:
         data = json.loads(result.to_json(include_steps=args.steps))
         data["truncation"] = truncation.to_dict()
         data["step_model"] = step_note
+        if band is not None:
+            data["error_band"] = band
         print(json.dumps(data, indent=2))
         return 0
-    s = result.summary()
     rows = [
         ("policy", s["policy"] + ("" if s["policy"] == "paged" else f" ({config.reservation} reservation)")),
         ("requests", s["num_requests"]),
@@ -184,7 +187,28 @@ def run(args) -> int:
     ]
     if truncation.requests:
         rows.insert(2, ("truncated", truncation.describe(len(requests))))
+    if band is not None:
+        from servebook.perf.error_bands import band_text
+
+        r = band["makespan_s_range"]
+        rows.insert(rows.index(next(x for x in rows if x[0] == "throughput")) + 1,
+                    ("  makespan band", band_text(band, "jobs") + (f": {r[0]:.2f} to {r[1]:.2f} s"
+                                                                   if r and not band["outside"] else "")))
+        rows.append(("TTFT, latency", "no held-out band: the bands cover the makespan and throughput only"))
     for key, value in rows:
         print(f"{key:18s}{value}")
     print(step_note)
     return 0
+
+
+def _band(args, plan, step_model, requests, summary) -> dict:
+    """The held-out band of the simulated makespan and throughput (servebook.perf.error_bands)."""
+    from servebook.perf.error_bands import Query, assess, scaled
+    from servebook.perf.gpu import gpu_numbers
+
+    n = max(len(requests), 1)
+    context = sum(r.prompt_tokens + r.output_tokens for r in requests) / n
+    a = assess(Query("simulated", step_model.spec, gpu_numbers(args.gpu).name, tp=args.tp, context_tokens=context,
+                     kv_cache_dtype=plan.kv_cache_dtype, open_arrivals=math.isfinite(args.rate)))
+    return a | {"of": "makespan_s and output_tokens_per_s", "makespan_s_range": scaled(summary["makespan_s"], a["band"]),
+                "output_tokens_per_s_range": scaled(summary["output_tokens_per_s"], a["band"], rate=True)}

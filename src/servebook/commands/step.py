@@ -99,11 +99,21 @@ def run(args) -> int:
     out["step_s"] = b.step_s
     out["breakdown"] = b.to_dict()
     out["notes"] = notes
+    from servebook.perf.error_bands import Query, assess, band_text, scaled
+
+    tokens = args.tokens if args.phase == "prefill" else args.batch
+    band = assess(Query("step", spec, gpu.name, tp=args.tp, step=args.phase, graph=tokens <= args.cudagraph_max_tokens,
+                        context_tokens=(args.tokens + args.prior_tokens) if args.phase == "prefill" else args.context,
+                        kv_cache_dtype=args.kv_cache_dtype))
+    out["error_band"] = band | {"of": "step_s", "step_s_range": scaled(b.step_s, band["band"])}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{spec.name} on {gpu.name} x tp={args.tp}, {args.phase}: step {b.step_s * 1e3:.2f} ms "
               f"({b.bound}-bound linear layers)")
+        r = out["error_band"]["step_s_range"]
+        print("    " + band_text(band, "points") + (f": {r[0] * 1e3:.2f} to {r[1] * 1e3:.2f} ms"
+                                                    if r and not band["outside"] else ""))
         print(f"  overhead {b.overhead_s * 1e3:.2f} ms, linear {b.linear_s * 1e3:.2f} ms, "
               f"attention {b.attention_s * 1e3:.2f} ms, all-reduce {b.allreduce_s * 1e3:.2f} ms")
         if "tokens_per_s" in out:

@@ -9,6 +9,7 @@ Modules:
     chunk_budget prefill tokens that fit in a target step time
     speculative  expected tokens per step, costs, break-even, k schedules
     fleet        plans for a large batch job (replicas, hours, cost)
+    error_bands  held-out error bands per regime (perf/data/error_bands.json) and what was never measured
 """
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
 from servebook.perf.model import (
