@@ -67,11 +67,13 @@ CASES = [
     (TUNE + " --ttft-ms 500 --gpu h300", 2, "unknown GPU 'h300'"),
     (TUNE, 2, "give at least one target: --ttft-ms, --tpot-ms or --e2e-s"),
     (TUNE + " --tpot-ms 40 --tp a,b", 2, "--tp takes comma-separated integers"),
-    (TUNE + " --tpot-ms 40 --rate 0", 2, "--rate must be a positive number of requests/s"),
-    (TUNE + " --tpot-ms 40 --output-tokens 1", 2, "--output-tokens must be >= 2"),
+    (TUNE + " --tpot-ms 40 --rate 0", 2, "--rate 0 is not allowed: it is the arrival rate in requests/s"),
+    (TUNE + " --tpot-ms 40 --output-tokens 1", 2, "must be >= 2 (TPOT needs two tokens)"),
     (TUNE + " --tpot-ms 40 --range-ratio 1.5", 2, "--range-ratio must be in [0, 1)"),
-    (TUNE + " --tpot-ms -4", 2, "latency targets must be positive numbers"),
-    (TUNE + " --tpot-ms 40 --gpus 0", 2, "--gpus must be >= 1"),
+    (TUNE + " --tpot-ms -4", 2, "--tpot-ms -4 is not allowed: it is the time-per-output-token target in ms and must be > 0"),
+    (TUNE + " --tpot-ms 40 --gpus 0", 2, "--gpus 0 is not allowed: it is the most GPUs the deployment may use"),
+    (TUNE + " --tpot-ms 40 --kv-cache-dtypes fp4", 2, "--kv-cache-dtypes 'fp4' is not supported"),
+    (TUNE + " --tpot-ms 40 --ttft-ms nan", 2, "--ttft-ms nan is not allowed: it is the time-to-first-token target in ms and must be a finite number"),
     # -- fleet ------------------------------------------------------------------------------------
     (FLEET + " --calibration {tmp}/brace.json", 2, "is not valid JSON"),
     (FLEET + " --calibration {tmp}/list.json", 2, 'holds a JSON list, not an object with "coefficients"'),
@@ -268,6 +270,13 @@ LIVE_AND_CLI = [
     ({"calculator": "fleet", "gpus": "0"}, FLEET.replace("--gpus 1", "--gpus 0"), "gpus", "--gpus"),
     ({"calculator": "fleet", "kv_cache_dtype": "fp4"}, FLEET + " --kv-cache-dtype fp4", "kv_cache_dtype",
      "--kv-cache-dtype"),
+    ({"calculator": "tune", "gpu": ""}, TUNE.replace("--gpu h200", '--gpu ""') + " --tpot-ms 40", "gpu", "--gpu"),
+    ({"calculator": "tune", "gpus": "0"}, TUNE.replace("--gpus 1", "--gpus 0") + " --tpot-ms 40", "gpus", "--gpus"),
+    ({"calculator": "tune", "rate": "-2"}, TUNE.replace("--rate 2", "--rate -2") + " --tpot-ms 40", "rate", "--rate"),
+    ({"calculator": "tune", "output_tokens": "1"}, TUNE.replace("--output-tokens 50", "--output-tokens 1")
+     + " --tpot-ms 40", "output_tokens", "--output-tokens"),
+    ({"calculator": "tune", "tpot_ms": "0"}, TUNE + " --tpot-ms 0", "tpot_ms", "--tpot-ms"),
+    ({"calculator": "tune", "ttft_ms": "-5"}, TUNE + " --ttft-ms -5 --tpot-ms 40", "ttft_ms", "--ttft-ms"),
 ]
 
 

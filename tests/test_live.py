@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -238,3 +240,106 @@ def test_the_fleet_calculator_is_the_fleet_plan():
     assert got["hours"] == pytest.approx(graphs.hours, rel=1e-12) and graphs.hours < p.hours
     reply = live.compute({"calculator": "fleet", "cudagraph_max_tokens": "-1"})
     assert reply["ok"] is False and reply["error"].startswith("cudagraph_max_tokens -1 is out of range; use 0")
+
+
+# -- tune: the latency search, on the live grid -------------------------------------------------------
+
+TUNE_CASES = [
+    # the defaults miss TPOT on one GPU: TP 2 (6.11's starting values)
+    {"model": "qwen3-32b", "gpu": "H200", "gpus": 4, "rate": 4, "input_tokens": 1024, "output_tokens": 256,
+     "ttft_ms": 1000, "tpot_ms": 35},
+    # a GPU without held-out runs (no band)
+    {"model": "llama-3.1-8b", "gpu": "H100", "gpus": 2, "rate": 10, "input_tokens": 512, "output_tokens": 128,
+     "ttft_ms": 500, "tpot_ms": 30},
+    # nothing within 4 GPUs meets the targets: the binding target, no serve line
+    {"model": "llama-3.1-70b", "gpu": "H200", "gpus": 4, "rate": 8, "input_tokens": 1024, "output_tokens": 256,
+     "ttft_ms": 1000, "tpot_ms": 35},
+]
+
+
+@pytest.mark.parametrize("inputs", TUNE_CASES, ids=[c["model"] for c in TUNE_CASES])
+def test_the_tune_calculator_picks_what_servebook_tune_picks(capsys, inputs):
+    from servebook.cli import main
+
+    argv = ["tune", "--config", inputs["model"], "--gpu", inputs["gpu"], "--gpus", str(inputs["gpus"]),
+            "--rate", str(inputs["rate"]), "--input-tokens", str(inputs["input_tokens"]),
+            "--output-tokens", str(inputs["output_tokens"]), "--ttft-ms", str(inputs["ttft_ms"]),
+            "--tpot-ms", str(inputs["tpot_ms"]), "--percentile", "90", "--tp", "1,2", "--kv-cache-dtypes", "auto"]
+    rc = main(argv + ["--json"])
+    cli = json.loads(capsys.readouterr().out)
+    reply = live.compute({"calculator": "tune", **{k: str(v) for k, v in inputs.items()}})
+    assert reply["ok"], reply.get("error")
+    assert (live.LIVE_TUNE_TPS, live.LIVE_TUNE_KV_CACHE_DTYPES) == ((1, 2), ("auto",))   # the grid argv names
+    # the page tells the reader the command line that runs the same search
+    assert shlex.split(reply["note"].split("on the command line: ", 1)[1]) == ["servebook"] + argv
+    best = cli["best"]
+    if best is None:
+        assert rc == 1 and reply["pick"] is None and "command" not in reply
+        assert reply["binding"] == cli["binding"] and "binds" in reply["binding"]
+    else:
+        assert rc == 0 and reply["command"] == best["serve_command"]
+        pick = reply["pick"]
+        assert (pick["gpus"], pick["tp"], pick["replicas"]) == (best["gpus"], best["tp"], best["replicas"])
+        assert pick["tpot_ms"] == pytest.approx(best["prediction"]["tpot_p90_s"] * 1e3, rel=1e-12)
+        assert pick["ttft_ms"] == pytest.approx(best["prediction"]["ttft_p90_s"] * 1e3, rel=1e-12)
+        # meeting a target means beating it by the allowance (25% at p90)
+        assert pick["tpot_ms"] * 1.25 <= inputs["tpot_ms"] and pick["ttft_ms"] * 1.25 <= inputs["ttft_ms"]
+    assert [(p["tp"], p["replicas"], p["flags"] == "defaults") for p in reply["frontier"]] == \
+        [(c["tp"], c["replicas"], not c["changed_flags"] and c["kv_cache_dtype"] == "auto") for c in cli["frontier"]]
+    assert [p["tpot_ms"] for p in reply["frontier"]] == \
+        pytest.approx([c["prediction"]["tpot_p90_s"] * 1e3 for c in cli["frontier"]], rel=1e-12)
+    # frontier: by throughput per GPU descending, each faster one has the longer TPOT (else it dominates)
+    tput = [p["tokens_per_s_per_gpu"] for p in reply["frontier"]]
+    assert tput == sorted(tput, reverse=True)
+    assert all(a["tpot_ms"] > b["tpot_ms"] for a, b in zip(reply["frontier"], reply["frontier"][1:]))
+
+
+def test_the_tune_chart_marks_the_frontier_the_pick_the_band_and_the_target():
+    reply = live.compute({"calculator": "tune", **{k: str(v) for k, v in TUNE_CASES[0].items()}})
+    svg = ET.fromstring(reply["svg"])
+    ns = "{http://www.w3.org/2000/svg}"
+    circles = {c.get("class"): [] for c in svg.iter(ns + "circle")}
+    for c in svg.iter(ns + "circle"):
+        circles[c.get("class")].append(c)
+    assert len(circles["frontier-point"]) == len(reply["frontier"]) >= 2
+    (pick,) = circles["pick"]
+    lines = {ln.get("class"): ln for ln in svg.iter(ns + "line") if ln.get("class")}
+    x_of = {name: float(lines[name].get("x1")) for name in ("target", "allowance")}
+    # x is p90 TPOT: the pick lies left of the target less its allowance, which lies left of the target
+    assert float(pick.get("cx")) < x_of["allowance"] < x_of["target"]
+    # the band (measured = predicted / (1 + error), 80% of held-out runs) spans the pick: its error band
+    # runs from about -5% to +19% on an H200 (perf/data/serving_path.json), so it straddles the prediction
+    band = lines["band"]
+    assert float(band.get("x1")) < float(pick.get("cx")) < float(band.get("x2"))
+    assert float(band.get("y1")) == float(pick.get("cy"))
+    # a higher point is more output tokens/s per GPU: SVG's y grows downwards
+    by_tput = sorted(circles["frontier-point"], key=lambda c: float(c.get("cy")))
+    assert [float(c.get("cx")) for c in by_tput] == sorted((float(c.get("cx")) for c in by_tput), reverse=True)
+
+
+def test_the_tune_calculator_refuses_more_gpus_than_its_grid():
+    reply = live.compute({"calculator": "tune", "model": "qwen3-32b", "gpus": "8"})
+    assert reply == {"ok": False, "error": "gpus 8 is not allowed: it is the most GPUs the live search may use and "
+                                           "must be <= 4 (servebook tune searches any number)"}
+
+
+def test_a_pasted_config_gets_placeholders_in_the_tune_lines(tmp_path, capsys):
+    """The servebook tune line names the reader's config.json and the serve lines a model folder, never
+    the temporary files the page wrote; run from a folder holding that config.json, the line picks the same."""
+    from servebook.cli import main
+
+    text = (MODELS_DIR / "llama-3.1-8b.json").read_text()
+    reply = live.compute({"calculator": "tune", "config_json": text, "gpu": "H200", "gpus": "2", "rate": "6",
+                          "input_tokens": "512", "output_tokens": "128", "ttft_ms": "800", "tpot_ms": "40"})
+    assert reply["ok"], reply.get("error")
+    temporary = re.escape(tempfile.gettempdir()) + r"|servebook-live-(?!frontier\b|bar\b)"
+    assert not re.search(temporary, json.dumps(reply)), json.dumps(reply)[:300]
+    assert reply["model"] == live.PASTED
+    line = shlex.split(reply["note"].split("on the command line: ", 1)[1])
+    assert line[line.index("--config") + 1] == "config.json"
+    assert reply["command"].startswith("vllm serve MODEL_DIR ") and reply["pick"]["serve_command"] == reply["command"]
+    (tmp_path / "config.json").write_text(text)
+    line[line.index("--config") + 1] = str(tmp_path / "config.json")
+    assert main(line[1:] + ["--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["serve_command"].replace(str(tmp_path), "MODEL_DIR") == reply["command"]

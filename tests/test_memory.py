@@ -39,7 +39,7 @@ def spec(*, layers=32, hidden=4096, inter=14336, heads=32, kv=8, hd=128, vocab=1
 
 # Coefficients chosen for hand arithmetic: 1 GiB constant + 2 copies of the hidden states.
 SIMPLE = MemoryCoefficients(
-    activation={"constant_bytes": 1 * GIB, "hidden": 2.0, "mlp": 0.0, "logits": 0.0},
+    activation={"constant_bytes": 1 * GIB, "hidden": 2.0, "mlp": 0.0, "moe_workspace": 0.0, "sampler": 0.0},
     non_torch_tp1_bytes=0.5 * GIB,
     non_torch_tp_gt1_bytes=1.5 * GIB,
     cudagraph_constant_bytes=0.0,
@@ -91,14 +91,73 @@ def test_a_v1_runner_moe_pays_the_graph_estimate_unless_eager():
     assert memory_budget(spec(), **kw).cudagraph_bytes == 0
 
 
+def mxfp4_moe_spec():
+    moe = MoESpec(num_experts=32, experts_per_token=4, expert_intermediate_size=2880, num_shared_experts=0,
+                  shared_intermediate_size=0, moe_layer_indices=tuple(range(32)), params_per_expert=0,
+                  bytes_per_param=17 / 32)
+    return spec(hidden=2880, moe=moe, architecture="GptOssForCausalLM")
+
+
 def test_mlp_bytes_per_token_by_hand():
     from servebook.memory import mlp_bytes_per_token
 
     assert mlp_bytes_per_token(spec(inter=14336)) == 3 * 14336 * 2
     assert mlp_bytes_per_token(spec(inter=14336), tp=2) == 3 * 7168 * 2
-    # every layer MoE: top-8 x (3 x 1024 + hidden 4096) x 2 bytes; the dense intermediate_size is unused
-    assert mlp_bytes_per_token(moe_spec()) == 8 * (3 * 1024 + 4096) * 2
-    assert mlp_bytes_per_token(moe_spec(), tp=4) == 8 * (3 * 256 + 4096) * 2
+    # 16-bit experts: the routed caches live in the persistent workspace, not in the transient MLP term;
+    # every layer is MoE and there is no shared expert, so nothing is left
+    assert mlp_bytes_per_token(moe_spec()) == 0
+    # MXFP4 experts (monolithic kernel): top-4 x (3 x 2880 + hidden 2880) x 2 bytes
+    assert mlp_bytes_per_token(mxfp4_moe_spec()) == 4 * (3 * 2880 + 2880) * 2
+    assert mlp_bytes_per_token(mxfp4_moe_spec(), tp=4) == 4 * (3 * 720 + 2880) * 2
+
+
+def test_moe_workspace_by_hand():
+    from servebook.memory import moe_workspace_bytes
+
+    # TritonExperts: T x top-8 x (max(I, hidden) + max(2I, hidden)) x 2 bytes, I = 1024, hidden = 4096
+    assert moe_workspace_bytes(moe_spec(), max_num_batched_tokens=2048) == 2048 * 8 * (4096 + 4096) * 2
+    wide = spec(moe=MoESpec(num_experts=64, experts_per_token=6, expert_intermediate_size=3000, num_shared_experts=0,
+                            shared_intermediate_size=0, moe_layer_indices=tuple(range(32)), params_per_expert=0))
+    assert moe_workspace_bytes(wide, max_num_batched_tokens=100) == 100 * 6 * (4096 + 6000) * 2
+    assert moe_workspace_bytes(wide, max_num_batched_tokens=100, tp=2) == 100 * 6 * (4096 + 4096) * 2
+    assert moe_workspace_bytes(mxfp4_moe_spec(), max_num_batched_tokens=2048) == 0  # allocates in the kernel
+    assert moe_workspace_bytes(spec(), max_num_batched_tokens=2048) == 0
+
+
+def test_sampler_phase_by_hand_differs_between_the_runners():
+    from servebook.memory import sampler_phase_bytes
+
+    t, seqs, v, h = 4096, 1024, 128256, 4096
+    common = t * h * 2 + seqs * h * 2 + seqs * v * 2   # output hidden states, gathered rows, bf16 logits
+    # V2 runner (dense): samples in place
+    assert sampler_phase_bytes(spec(), max_num_batched_tokens=t, max_num_seqs=seqs) == common
+    # V1 runner (Qwen3-MoE): + float32 logits, softmax and noise, + the 132-row Triton top-k/top-p buffer
+    assert sampler_phase_bytes(moe_spec(), max_num_batched_tokens=t, max_num_seqs=seqs) == common + seqs * v * 12 + 132 * v * 4
+    # fewer rows than SMs: the buffer has the next power of two of rows
+    s = 100
+    small = t * h * 2 + s * h * 2 + s * v * 2 + s * v * 12 + 128 * v * 4
+    assert sampler_phase_bytes(moe_spec(), max_num_batched_tokens=t, max_num_seqs=s) == small
+
+
+def test_the_peak_is_the_larger_phase_not_the_sum():
+    from servebook.memory import peak_activation_bytes, sampler_phase_bytes
+
+    c = MemoryCoefficients(activation={"constant_bytes": 0.0, "hidden": 1.0, "mlp": 0.0, "moe_workspace": 0.0,
+                                       "sampler": 1.0},
+                           non_torch_tp1_bytes=0.0, non_torch_tp_gt1_bytes=0.0, cudagraph_constant_bytes=0.0,
+                           cudagraph_per_layer_bytes=0.0)
+    kw = dict(max_num_seqs=1024, coefficients=c)
+    # V1 MoE at 1,024 tokens: the sampler's 1,024 x vocab float32 tensors dwarf one copy of the hidden states
+    assert peak_activation_bytes(moe_spec(), max_num_batched_tokens=1024, **kw) == sampler_phase_bytes(
+        moe_spec(), max_num_batched_tokens=1024, max_num_seqs=1024)
+    # dense (V2) at 64k tokens: one copy of 65,536 x 4096 x 2 bytes beats bf16 logits of 1,024 rows
+    t = 65536
+    assert sampler_phase_bytes(spec(), max_num_batched_tokens=t, max_num_seqs=1024) > t * 4096 * 2
+    assert peak_activation_bytes(spec(), max_num_batched_tokens=t, **kw) == sampler_phase_bytes(
+        spec(), max_num_batched_tokens=t, max_num_seqs=1024)
+    kw2 = dict(max_num_seqs=8, coefficients=c)
+    assert peak_activation_bytes(spec(), max_num_batched_tokens=t, **kw2) == max(
+        t * 4096 * 2, sampler_phase_bytes(spec(), max_num_batched_tokens=t, max_num_seqs=8))
 
 
 def test_weights_that_do_not_fit_name_the_smallest_tp_that_does():
@@ -173,17 +232,26 @@ def test_coefficients_round_trip_and_malformed_files_are_clear_errors(tmp_path):
 
 # ---- calibration ----------------------------------------------------------------------------
 
-TRUE = {"constant_bytes": 300 * MIB, "hidden": 3.0, "mlp": 2.5, "logits": 2.0}
+TRUE = {"constant_bytes": 300 * MIB, "hidden": 3.0, "mlp": 2.5, "moe_workspace": 1.2, "sampler": 0.9}
 
 
-def hand_peak(s: ModelSpec, t: int, seqs: int, tp: int) -> float:
-    """The activation model written out independently: copies x bytes of each tensor."""
-    return (
-        TRUE["constant_bytes"]
-        + TRUE["hidden"] * t * s.hidden_size * 2
-        + TRUE["mlp"] * t * 3 * s.intermediate_size / tp * 2   # gate+up (2I) and activated (I), bf16
-        + TRUE["logits"] * min(seqs, t) * s.vocab_size * 4
-    )
+def hand_peak(s: ModelSpec, t: int, seqs: int, tp: int, truth=TRUE) -> float:
+    """The activation model written out independently: copies x bytes of each tensor, larger phase."""
+    rows = min(seqs, t)
+    hidden = t * s.hidden_size * 2
+    dense_mlp = t * 3 * s.intermediate_size / tp * 2 if s.moe is None else 0.0   # gate+up (2I), activated (I)
+    v1 = s.moe is not None   # the hand-made MoE specs are Qwen3-MoE: V1 runner, 16-bit experts
+    ws = 0.0
+    if s.moe is not None:
+        i = s.moe.expert_intermediate_size / tp
+        ws = t * s.moe.experts_per_token * (max(i, s.hidden_size) + max(2 * i, s.hidden_size)) * 2
+    sampler = hidden + rows * s.hidden_size * 2 + rows * s.vocab_size * 2
+    if v1:
+        sampler += rows * s.vocab_size * (4 + 4 + 4) + min(132, 1 << (min(132, rows) - 1).bit_length()) * s.vocab_size * 4
+    phases = [truth["hidden"] * hidden + truth["mlp"] * dense_mlp,
+              truth["moe_workspace"] * ws + truth["hidden"] * hidden,
+              truth["moe_workspace"] * ws + truth["sampler"] * sampler]
+    return truth["constant_bytes"] + max(phases)
 
 
 def synthetic_records(noise: float = 0.0, seed: int = 0) -> list[CalibrationRecord]:
@@ -193,11 +261,14 @@ def synthetic_records(noise: float = 0.0, seed: int = 0) -> list[CalibrationReco
         dict(hidden=5120, inter=25600, heads=64, kv=8, vocab=151936, layers=64),
         dict(hidden=8192, inter=28672, heads=64, kv=8, vocab=128256, layers=80),
         dict(hidden=2048, inter=6144, heads=16, kv=4, vocab=32000, layers=24),
+        dict(hidden=2048, inter=6144, heads=32, kv=4, vocab=151936, layers=48, architecture="Qwen3MoeForCausalLM",
+             moe=MoESpec(num_experts=128, experts_per_token=8, expert_intermediate_size=768, num_shared_experts=0,
+                         shared_intermediate_size=0, moe_layer_indices=tuple(range(48)), params_per_expert=0)),
     ]
     records = []
     for i, shape in enumerate(shapes):
         s = spec(**shape)
-        for t, seqs, tp in [(2048, 256, 1), (8192, 1024, 1), (16384, 1024, 2), (4096, 128, 4)]:
+        for t, seqs, tp in [(2048, 256, 1), (8192, 1024, 1), (16384, 1024, 2), (4096, 128, 4), (32768, 1024, 1)]:
             peak = hand_peak(s, t, seqs, tp) * (1 + rng.uniform(-noise, noise))
             records.append(CalibrationRecord(
                 name=f"synthetic-{i}-{t}-{tp}", spec=s, max_num_batched_tokens=t, max_num_seqs=seqs, tp=tp,
@@ -216,7 +287,7 @@ def test_calibrate_recovers_known_coefficients_from_exact_data():
     assert fitted.non_torch_tp_gt1_bytes == pytest.approx(1.25 * GIB)
     assert fitted.cudagraph_constant_bytes == pytest.approx(64 * MIB, rel=1e-6)
     assert fitted.cudagraph_per_layer_bytes == pytest.approx(8 * MIB, rel=1e-6)
-    assert fitted.status == "fitted" and len(fitted.fitted_on) == 16
+    assert fitted.status == "fitted" and len(fitted.fitted_on) == 25
 
 
 def test_calibrate_is_close_under_two_percent_noise_and_predicts_within_five_percent():
@@ -228,7 +299,7 @@ def test_calibrate_is_close_under_two_percent_noise_and_predicts_within_five_per
 
 
 def test_calibrate_refuses_too_few_settings():
-    with pytest.raises(ServebookError, match="at least 4 distinct"):
+    with pytest.raises(ServebookError, match="at least 5 distinct"):
         calibrate(synthetic_records()[:2])
     with pytest.raises(ServebookError, match="at least one"):
         calibrate([])
@@ -333,13 +404,11 @@ def _write_gpu_fixture(root, name, model_id, tokens, seqs, truth):
 
 
 def hand_peak_for(s, t, seqs, truth):
-    return (truth["constant_bytes"] + truth["hidden"] * t * s.hidden_size * 2
-            + truth["mlp"] * t * 3 * s.intermediate_size * 2
-            + truth["logits"] * min(seqs, t) * s.vocab_size * 4)
+    return hand_peak(s, t, seqs, 1, truth)
 
 
 def test_calibrate_from_gpu_fixture_folders_reproduces_the_logged_peaks(tmp_path):
-    truth = {"constant_bytes": 200 * MIB, "hidden": 4.0, "mlp": 1.0, "logits": 3.0}
+    truth = {"constant_bytes": 200 * MIB, "hidden": 4.0, "mlp": 1.0, "moe_workspace": 0.0, "sampler": 1.0}
     cases = [("llama-3.1-8b", 2048, 256), ("llama-3.1-8b", 16384, 1024), ("qwen3-32b", 8192, 512),
              ("qwen3-32b", 4096, 128), ("llama-3.1-70b", 8192, 1024), ("mistral-7b-v0.1", 1024, 1024)]
     specs = [_write_gpu_fixture(tmp_path, f"h200-{i}", m, t, n, truth) for i, (m, t, n) in enumerate(cases)]

@@ -136,3 +136,48 @@ def test_every_live_page_calculator_is_offered_without_numpy():
     assert done.returncode == 0, done.stderr
     unavailable, offered = json.loads(done.stdout)
     assert unavailable == {} and len(offered) >= 4, (unavailable, offered)
+
+
+# -- the latency search (servebook tune) on Poisson traffic of fixed lengths, its CLI defaults -------
+
+TUNE_CALLS = textwrap.dedent('''
+    import json
+    from servebook.simulator.online import OnlineWorkload
+    from servebook.simulator.tune import LatencyTargets, tune
+
+    shapes = [OnlineWorkload(r, 1024, 256) for r in (0.5, 4.0, 12.5, 40.0)] + [OnlineWorkload(3.0, 700, 90, prefix_tokens=100)]
+    arrivals = [[(q.prompt_tokens, q.output_tokens, q.arrival_s.hex()) for q in w.requests(w.rate_per_s / k)]
+                for w in shapes for k in (1, 3)]
+    r = tune("qwen3-32b", gpu="h200", max_gpus=2, workload=OnlineWorkload(4.0, 1024, 256), tps=(1, 2),
+             kv_cache_dtypes=("auto",), targets=LatencyTargets(ttft_s=1.0, tpot_s=0.035))
+    print(json.dumps([arrivals, r.best.serve_command(), [c.prediction.to_dict() for c in r.tried]]))
+''')
+
+
+def test_poisson_requests_and_the_tune_pick_are_the_same_without_numpy():
+    """Where numpy is missing (Pyodide), OnlineWorkload reads numpy's draws from the shipped file: the
+    same requests to the last bit, and so the same search."""
+    without = _run(BLOCK_NUMPY + TUNE_CALLS)
+    assert without.returncode == 0, without.stderr
+    with_numpy = _run("import numpy\n" + TUNE_CALLS)
+    assert with_numpy.returncode == 0, with_numpy.stderr
+    assert json.loads(without.stdout) == json.loads(with_numpy.stdout)
+
+
+def test_the_shipped_poisson_draws_are_numpys():
+    import numpy as np
+
+    from servebook.simulator.online import MAX_SIMULATED_REQUESTS, POISSON_DRAWS_FILE
+
+    draws = json.loads(POISSON_DRAWS_FILE.read_text())["draws"]
+    assert draws == np.random.default_rng(0).standard_exponential(MAX_SIMULATED_REQUESTS).tolist()
+    # what OnlineWorkload draws with numpy: gamma(1, scale) is scale x that stream, digit for digit
+    assert (np.random.default_rng(0).gamma(1.0, 1 / 7.3, size=500) == np.array(draws[:500]) * (1 / 7.3)).all()
+
+
+@pytest.mark.parametrize("kwargs", [{"range_ratio": 0.5}, {"burstiness": 0.5}, {"seed": 3}])
+def test_other_traffic_still_says_it_needs_numpy(kwargs):
+    done = _run(BLOCK_NUMPY + "from servebook.simulator.online import OnlineWorkload\n"
+                f"OnlineWorkload(2.0, 100, 50, **{kwargs!r}).requests()")
+    assert done.returncode != 0
+    assert "ServebookError" in done.stderr and "needs numpy" in done.stderr and "fixed lengths on seed 0" in done.stderr

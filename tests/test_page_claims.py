@@ -1699,3 +1699,36 @@ def test_memory_budget_quantized_and_lora_sentences():
     # "FP8 weights need compute capability 8.9 ... an A100 runs them weight-only through Marlin"
     a100 = make_plan("qwen3-32b-fp8", gpu="A100", max_model_len=8192)
     assert not a100.kernel.native and "Marlin" in a100.kernel.kernel and "8.9" in a100.kernel.note
+
+
+# -- 6.11: the live latency search ---------------------------------------------------------------------
+
+def _live_tune_start() -> tuple[dict, dict]:
+    """6.11's LIVE dict (the hidden cell's starting values) and its tune directive's options."""
+    text = (BOOK / "06-11-chunked-prefill.md").read_text()
+    cell = ast.literal_eval(re.search(r"^LIVE = (\{.*?\})$", text, re.S | re.M).group(1))
+    block = re.search(r"```\{live-calculator\} tune\n(.*?)```", text, re.S).group(1)
+    options = dict(re.findall(r"^:(\w+): (.+)$", block, re.M))
+    return cell, options
+
+
+def test_6_11_the_live_figure_starts_where_the_prose_says():
+    cell, options = _live_tune_start()
+    assert {k: str(v) for k, v in cell.items()} == options, "6.11's glued starting values are the directive's"
+
+
+def test_6_11_the_live_search_trades_throughput_per_gpu_for_tpot():
+    from servebook import live
+
+    cell, _ = _live_tune_start()
+    reply = live.compute({"calculator": "tune", **cell})
+    one = next(p for p in reply["frontier"] if p["gpus"] == 1)
+    pick = reply["pick"]
+    assert one["flags"] == "defaults" and one["tp"] == 1, "6.11 'one H200 at vLLM's defaults makes ...'"
+    assert one["tpot_ms"] > cell["tpot_ms"], "6.11 'at a p90 TPOT of N ms, over the target'"
+    assert pick["gpus"] > 1 and pick["tpot_ms"] < one["tpot_ms"] and pick["tokens_per_s_per_gpu"] < \
+        one["tokens_per_s_per_gpu"], "6.11 'walks on to N GPUs ... the lower TPOT is bought with GPUs'"
+    looser = live.compute({"calculator": "tune", **cell, "tpot_ms": cell["tpot_ms"] * 1.5})
+    assert looser["pick"]["gpus"] == 1, "6.11 'loosen the target and the pick falls back to one GPU'"
+    busier = live.compute({"calculator": "tune", **cell, "rate": cell["rate"] * 4})
+    assert busier["pick"]["gpus"] > pick["gpus"], "6.11 'raise the rate and it needs more'"

@@ -47,6 +47,21 @@ def test_the_comparison_reads_what_the_engine_printed_and_predicts_dense_16_bit_
         assert abs(c.kv_tokens_error_pct) <= KV_TOKENS_TOLERANCE_PCT, (name, c.row())
 
 
+MOE_CASES = ("qwen3-30b-a3b--eager16k", "qwen3-30b-a3b--eager16k-b4k", "gpt-oss-20b--eager16k",
+             "gpt-oss-20b--eager16k-b4k", "deepseek-v2-lite--eager16k")
+
+
+def test_moe_startups_within_half_a_percent_of_kv_tokens():
+    """Issue 40's MoE budget: the V1 runner's sampler run and the persistent fused-MoE workspace
+    (servebook.memory's docstring). Before they were modelled: Qwen3-30B-A3B +2.43% / +2.70%,
+    gpt-oss-20b +0.91% / +2.05%. The *-b4k cases are held out of the shipped fit."""
+    cases = _cases()
+    rows = [_compare(cases[n]) for n in MOE_CASES]
+    print("\n" + "\n".join(r.row() for r in rows))
+    bad = [r.row() for r in rows if abs(r.kv_tokens_error_pct) > KV_TOKENS_TOLERANCE_PCT]
+    assert not bad, bad
+
+
 def test_quantized_and_lora_startups_within_half_a_percent_of_kv_tokens():
     cases = _cases()
     present = [n for n in QUANT_CASES if n in cases]

@@ -105,3 +105,23 @@ def test_perf_simulate_and_slo_sizing_leave_out_the_null_block(capsys):
     assert json.loads(capsys.readouterr().out)["config"]["num_blocks"] == blocks - 1
     config, _, _ = _replica_setup("llama-3.1-8b", "h200", 1, 2048, "auto")
     assert config.num_blocks == blocks - 1
+
+
+def test_simulate_at_a_rate_reports_latency_as_served_the_way_tune_predicts_it(capsys):
+    """One deployment, one TTFT: simulate --rate on a GPU adds the measured serving path to the
+    engine's TTFT, as servebook tune does, and gives the vllm serve runs' held-out band."""
+    from servebook.simulator.online import latency_band, measured_serving_path
+
+    args = ["simulate", "--config", "llama-3.1-8b", "--gpu", "h200", "--rate", "8", "--requests", "80",
+            "--input-tokens", "800", "--output-tokens", "64", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    path = measured_serving_path("h200")
+    assert path.ttft_s > 0
+    served = data["served"]
+    # every request's TTFT moves by the serving path, so the median moves by exactly that much
+    assert served["ttft_p50_s"] == pytest.approx(data["summary"]["ttft_p50_s"] + path.ttft_s, abs=1e-9)
+    assert served["error_band"] == latency_band("h200")
+    assert main(args[:-1]) == 0
+    text = capsys.readouterr().out
+    assert "as served" in text and "held-out vllm serve runs" in text

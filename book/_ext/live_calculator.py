@@ -10,8 +10,9 @@ puts a button on the page; a click loads Pyodide and the servebook wheel from th
 ``book/_ext/live/servebook-live.js``; scripts/_common.sh copies it, Pyodide and the wheel there).
 The calculator is ``plan`` (memory budget, KV capacity, recommended flags), ``kv`` (KV per token
 and per sequence), ``chunk`` (the prefill chunk within a target step time), ``speculation`` (one
-speculative step, n-gram drafter) or ``fleet`` (a batch job's fleet plan); the last three need the
-step-time model to import without numpy to run in the browser. The options set the controls'
+speculative step, n-gram drafter), ``fleet`` (a batch job's fleet plan) or ``tune`` (the cheapest
+deployment meeting p90 TTFT/TPOT targets at an arrival rate, with its Pareto frontier); the last four
+need the step-time model to import without numpy to run in the browser. The options set the controls'
 starting values (else servebook.live.DEFAULTS).
 Only pages with the directive load the script (a few KB); Pyodide loads on the click.
 """
@@ -23,7 +24,7 @@ import json
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 
-CALCULATORS = ("plan", "kv", "chunk", "speculation", "fleet")
+CALCULATORS = ("plan", "kv", "chunk", "speculation", "fleet", "tune")
 SCRIPT = "../_vendor/live/servebook-live.js"   # Sphinx resolves it against _static/
 STYLE = "../_vendor/live/servebook-live.css"
 INTRO = ("Runs servebook itself in this page: Python in WebAssembly (Pyodide), about 14 MB loaded "
@@ -77,6 +78,9 @@ class LiveCalculator(Directive):
         "max_num_batched_tokens": directives.positive_int,
         "cudagraph_max_tokens": directives.nonnegative_int,
         "kv_cache_dtype": directives.unchanged_required,
+        "rate": float,
+        "ttft_ms": float,
+        "tpot_ms": float,
     }
 
     def run(self):

@@ -35,6 +35,17 @@ Calculators (``request["calculator"]``):
     ``gpu``, ``tp``, ``k`` (draft tokens), ``acceptance`` (per-token, a fraction), ``batch``,
     ``context_tokens``, ``kv_cache_dtype``.
 
+``tune`` (same condition)
+    The cheapest deployment that meets a p90 TTFT and TPOT target at an arrival rate
+    (:func:`servebook.simulator.tune.tune`, as ``servebook tune``) on a smaller grid than the CLI's
+    (:data:`LIVE_TUNE_TPS`, :data:`LIVE_TUNE_KV_CACHE_DTYPES`, at most :data:`LIVE_TUNE_MAX_GPUS`
+    GPUs) so that a search takes seconds, not tens of seconds, in a browser; the reply's note gives
+    the ``servebook tune`` line that runs the same search. Inputs: ``model`` or ``config_json``,
+    ``gpu``, ``gpus``, ``rate`` (requests/s), ``input_tokens`` and ``output_tokens`` (fixed lengths,
+    Poisson arrivals: the CLI's defaults), ``ttft_ms``, ``tpot_ms``. Its chart is the Pareto frontier
+    (output tokens/s per GPU against p90 TPOT) with the pick, the target and the held-out error band;
+    ``frontier`` and ``pick`` carry the same points as data.
+
 Every reply holds ``ok``. ``ok: True`` adds ``numbers`` (a list of ``{"key", "label", "value",
 "text"}``: ``value`` is the library's number, ``text`` how the page prints it), ``svg`` (a chart
 drawn here, no matplotlib) and, for ``plan``, ``command`` (the ``vllm serve`` line). ``ok: False``
@@ -56,7 +67,7 @@ from servebook.hf_config import load_model_spec, reference_model_ids
 from servebook.kv_cache import kv_cache_layout, min_kv_bytes_for_one_request
 from servebook.memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from servebook.plan import DEFAULT_GPU, KV_CACHE_DTYPES, make_plan
-from servebook.validation import (check_gpu, check_int, check_kv_cache_dtype, check_tp_arg,
+from servebook.validation import (check_gpu, check_int, check_kv_cache_dtype, check_tp_arg, check_tune_value,
                                   check_utilization_arg)
 
 GIB = 2**30
@@ -87,7 +98,18 @@ DEFAULTS = {
     "output_tokens": 500,
     "max_num_batched_tokens": 8192,
     "cudagraph_max_tokens": 0,      # 0: vLLM's default capture size for these settings
+    "rate": 4,
+    "ttft_ms": 1000,
+    "tpot_ms": 50,
 }
+
+#: The live tune search's grid: the CLI's search (:func:`servebook.simulator.tune.tune`) on fewer
+#: candidates (``servebook tune`` tries TP 1, 2, 4, 8, both KV dtypes and any number of GPUs).
+LIVE_TUNE_TPS = (1, 2)
+LIVE_TUNE_KV_CACHE_DTYPES = ("auto",)
+LIVE_TUNE_MAX_GPUS = 4
+#: The percentile of the live tune search's targets (the CLI's default).
+LIVE_TUNE_PERCENTILE = 90
 
 #: The memory bar's parts, in the order vLLM claims them, and their colours (as in the notebook).
 BAR_COLOURS = {"weights": "#4c72b0", "peak activation": "#dd8452", "non-torch": "#937860",
@@ -126,8 +148,11 @@ def compute(request: dict) -> dict:
             reply = {"ok": True, "calculator": name, **_CALCULATORS[name](config, request)}
         except ServebookError as exc:
             return {"ok": False, "error": str(exc).replace(config, PASTED) if pasted else str(exc)}
-    if pasted and "command" in reply:  # vLLM loads the model's folder: a placeholder, not our temporary one
-        reply["command"] = reply["command"].replace(shlex.quote(folder), "MODEL_DIR")
+    if pasted:  # the reader's file is their config.json, and vLLM loads the model's folder: placeholders
+        # for our temporary ones (in the serve lines, and the servebook tune line the tune calculator gives)
+        text = json.dumps(reply).replace(json.dumps(config)[1:-1], "config.json")
+        text = text.replace(json.dumps(shlex.quote(folder))[1:-1], "MODEL_DIR")
+        reply = json.loads(text.replace(Path(folder).name, PASTED))   # the model's name: its folder's
     return reply
 
 
@@ -358,6 +383,92 @@ def _fleet(config: str, request: dict) -> dict:
             "note": "; ".join((*p.notes, f"step model {source}"))}
 
 
+#: The tune calculator's numeric fields, checked as ``servebook tune`` checks its flags.
+_TUNE_FIELDS = {"gpus": _int, "rate": _float, "input_tokens": _int, "output_tokens": _int, "ttft_ms": _float,
+                "tpot_ms": _float}
+
+
+def tune_cli_line(config: str, request: dict) -> str:
+    """The ``servebook tune`` line that runs the live search for ``request`` (same grid, same answer)."""
+    v = {key: read(request, key) for key, read in _TUNE_FIELDS.items()}
+    args = ["servebook", "tune", "--config", config, "--gpu", str(request.get("gpu", DEFAULTS["gpu"])),
+            "--gpus", str(v["gpus"]), "--rate", f"{v['rate']:g}", "--input-tokens", str(v["input_tokens"]),
+            "--output-tokens", str(v["output_tokens"]), "--ttft-ms", f"{v['ttft_ms']:g}",
+            "--tpot-ms", f"{v['tpot_ms']:g}", "--percentile", str(LIVE_TUNE_PERCENTILE),
+            "--tp", ",".join(map(str, LIVE_TUNE_TPS)), "--kv-cache-dtypes", ",".join(LIVE_TUNE_KV_CACHE_DTYPES)]
+    return shlex.join(args)
+
+
+def _tune(config: str, request: dict) -> dict:
+    from servebook.simulator.online import OnlineWorkload, latency_band
+    from servebook.simulator.tune import LatencyTargets, tune
+
+    gpu = _gpu(request)
+    request = {"gpus": LIVE_TUNE_MAX_GPUS, **request}   # the fleet's default (8) is more than the live grid holds
+    v = {key: read(request, key) for key, read in _TUNE_FIELDS.items()}
+    for key, value in v.items():
+        check_tune_value(key, value, key)
+    check_int(v["gpus"], "gpus", "most GPUs the live search may use", high=LIVE_TUNE_MAX_GPUS,
+              hint=" (servebook tune searches any number)")
+    result = tune(config, gpu=gpu, max_gpus=v["gpus"], tps=LIVE_TUNE_TPS, kv_cache_dtypes=LIVE_TUNE_KV_CACHE_DTYPES,
+                  workload=OnlineWorkload(v["rate"], v["input_tokens"], v["output_tokens"]),
+                  targets=LatencyTargets(ttft_s=v["ttft_ms"] / 1e3, tpot_s=v["tpot_ms"] / 1e3,
+                                         percentile=LIVE_TUNE_PERCENTILE))
+    q, best = LIVE_TUNE_PERCENTILE, result.best
+    band = latency_band(gpu)
+    frontier = [_tune_point(result, c) for c in result.frontier()]
+    numbers = [_number("tried", "configurations tried", len(result.tried), f"{len(result.tried):,}")]
+    if best is None:
+        numbers.append(_number("pick_gpus", "cheapest that meets the targets", None, "none: " + result.binding))
+    else:
+        p = best.prediction
+        numbers += [
+            _number("pick_gpus", "cheapest that meets the targets",  best.gpus,
+                    f"{best.replicas} replica(s) x TP {best.plan.tp} = {best.gpus} GPU(s)"),
+            _number("pick_flags", "flags changed from vLLM's defaults", result.flags_text(best), result.flags_text(best)),
+            _number("pick_ttft_ms", f"p{q} TTFT (predicted)", p.ttft_s[q] * 1e3,
+                    _with_band(p.ttft_s[q], band and band.get(f"ttft_p{q}"))),
+            _number("pick_tpot_ms", f"p{q} TPOT (predicted)", p.tpot_s[q] * 1e3,
+                    _with_band(p.tpot_s[q], band and band.get(f"tpot_p{q}"))),
+            _number("pick_tokens_per_s_per_gpu", "output tokens/s per GPU", best.output_tokens_per_s_per_gpu,
+                    f"{best.output_tokens_per_s_per_gpu:,.0f}"),
+        ]
+    runs = next(iter(band.values()))["runs"] if band else 0
+    note = (f"Live grid: TP {' and '.join(map(str, LIVE_TUNE_TPS))}, KV dtype "
+            f"{', '.join(LIVE_TUNE_KV_CACHE_DTYPES)}, at most {LIVE_TUNE_MAX_GPUS} GPUs; targets must be beaten by "
+            f"{result.targets.factor - 1:.0%} (the model's error allowance). "
+            + (f"Band: where measured values fell for 80% of {runs} held-out vllm serve runs on {gpu}. "
+               if band else "No held-out vllm serve run on this GPU: the prediction is unchecked there. ")
+            + f"The same search on the command line: {tune_cli_line(config, request)}")
+    reply = {"model": result.tried[0].plan.spec.name if result.tried else config, "gpu": gpu, "numbers": numbers,
+             "svg": frontier_svg(result, band), "frontier": frontier, "note": note,
+             "pick": None if best is None else _tune_point(result, best), "binding": result.binding or None}
+    if best is not None:
+        reply["command"] = best.serve_command()
+    return reply
+
+
+def _tune_point(result, c) -> dict:
+    q = result.targets.percentile
+    return {"gpus": c.gpus, "tp": c.plan.tp, "replicas": c.replicas, "flags": result.flags_text(c),
+            "tokens_per_s_per_gpu": c.output_tokens_per_s_per_gpu, "ttft_ms": c.prediction.ttft_s[q] * 1e3,
+            "tpot_ms": c.prediction.tpot_s[q] * 1e3, "meets": c.meets, "serve_command": c.serve_command()}
+
+
+def _measured_range(predicted_s: float, band: dict) -> tuple[float, float]:
+    """Where the measured value lies for 80% of held-out runs, given the prediction (seconds):
+    the band is predicted / measured - 1, so measured = predicted / (1 + error)."""
+    return predicted_s / (1 + band["p90"]), predicted_s / (1 + band["p10"])
+
+
+def _with_band(predicted_s: float, band: dict | None) -> str:
+    text = f"{predicted_s * 1e3:,.1f} ms"
+    if not band:
+        return text
+    lo, hi = _measured_range(predicted_s, band)
+    return f"{text} (held-out band {lo * 1e3:,.1f}-{hi * 1e3:,.1f} ms)"
+
+
 _CALCULATORS = {"plan": _plan, "kv": _kv}
 #: Calculators offered only where their modules import (the step-time model imports numpy until it is
 #: made numpy-free; Pyodide has no numpy): name -> (function, the modules it needs).
@@ -365,6 +476,7 @@ _OPTIONAL = {
     "chunk": (_chunk, ("servebook.perf.chunk_budget", "servebook.perf.model", "servebook.perf.gpu")),
     "fleet": (_fleet, ("servebook.perf.fleet", "servebook.perf.model", "servebook.perf.gpu")),
     "speculation": (_speculation, ("servebook.perf.speculative", "servebook.perf.model", "servebook.perf.gpu")),
+    "tune": (_tune, ("servebook.simulator.tune", "servebook.simulator.online", "servebook.perf.model")),
 }
 
 
@@ -403,3 +515,90 @@ def memory_bar_svg(plan, width_px: int = 640) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="servebook-live-bar" width="{width_px}" height="80" '
             f'viewBox="0 0 {width_px} 80" font-size="12" font-family="sans-serif" role="img" '
             f'aria-label="{title}"><title>{title}</title>{"".join(bar)}{"".join(legend)}</svg>')
+
+
+def _ticks(top: float, count: int = 5) -> list[float]:
+    """Round tick values from 0 to at least ``top`` (1, 2 or 5 times a power of ten apart)."""
+    import math
+
+    raw = top / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(math.ceil(top / step)) + 1)]
+
+
+def frontier_svg(result, band: dict | None, width_px: int = 640, height_px: int = 360) -> str:
+    """The tune search as a chart (SVG text): output tokens/s per GPU against the target percentile's
+    TPOT for every candidate that keeps up (grey), the Pareto frontier (blue line), the pick (orange,
+    with the held-out band as a bar), the TPOT target (red dashed) and the target less the allowance
+    (red dotted)."""
+    q, t = result.targets.percentile, result.targets
+    keep = [c for c in result.tried if not c.prediction.saturated]
+    front = result.frontier()
+    xs = [c.prediction.tpot_s[q] * 1e3 for c in keep] + [t.tpot_s * 1e3 * 1.1]
+    ys = [c.output_tokens_per_s_per_gpu for c in keep] or [1.0]
+    left, right, top, bottom = 64, 16, 28, 70
+    xt, yt = _ticks(max(xs) * 1.05), _ticks(max(ys) * 1.1)
+    w, h = width_px - left - right, height_px - top - bottom
+
+    def X(ms):
+        return left + w * ms / xt[-1]
+
+    def Y(v):
+        return top + h * (1 - v / yt[-1])
+
+    parts = [f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>']
+    for v in xt:
+        parts.append(f'<line x1="{X(v):.1f}" y1="{top + h}" x2="{X(v):.1f}" y2="{top + h + 4}" stroke="#999"/>'
+                     f'<text x="{X(v):.1f}" y="{top + h + 16}" text-anchor="middle">{v:g}</text>')
+    for v in yt:
+        parts.append(f'<line x1="{left - 4}" y1="{Y(v):.1f}" x2="{left}" y2="{Y(v):.1f}" stroke="#999"/>'
+                     f'<text x="{left - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:,.0f}</text>')
+    parts.append(f'<text x="{left + w / 2}" y="{top + h + 32}" text-anchor="middle">p{q} TPOT (ms, predicted)</text>'
+                 f'<text x="14" y="{top + h / 2}" text-anchor="middle" transform="rotate(-90 14 {top + h / 2})">'
+                 'output tokens/s per GPU</text>')
+    allowed = t.tpot_s / t.factor * 1e3
+    parts.append(f'<line class="target" x1="{X(t.tpot_s * 1e3):.1f}" y1="{top}" x2="{X(t.tpot_s * 1e3):.1f}" '
+                 f'y2="{top + h}" stroke="#c44e52" stroke-dasharray="6 4"><title>p{q} TPOT target '
+                 f'{t.tpot_s * 1e3:g} ms</title></line>'
+                 f'<line class="allowance" x1="{X(allowed):.1f}" y1="{top}" x2="{X(allowed):.1f}" y2="{top + h}" '
+                 f'stroke="#c44e52" stroke-dasharray="2 3"><title>target less the {t.factor - 1:.0%} allowance: '
+                 f'{allowed:.1f} ms</title></line>'
+                 f'<text x="{X(t.tpot_s * 1e3) + 4:.1f}" y="{top + 12}" fill="#c44e52">target</text>')
+    for c in keep:
+        tip = html.escape(f"{c.replicas} x TP {c.plan.tp}, {result.flags_text(c)}: "
+                          f"{c.output_tokens_per_s_per_gpu:,.0f} tok/s/GPU, TPOT {c.prediction.tpot_s[q] * 1e3:.1f} ms, "
+                          f"TTFT {c.prediction.ttft_s[q] * 1e3:,.0f} ms" + ("" if c.meets else " (misses)"))
+        parts.append(f'<circle class="candidate" cx="{X(c.prediction.tpot_s[q] * 1e3):.1f}" '
+                     f'cy="{Y(c.output_tokens_per_s_per_gpu):.1f}" r="3.5" fill="#bbbbbb"><title>{tip}</title></circle>')
+    if front:
+        path = " ".join(f"{X(c.prediction.tpot_s[q] * 1e3):.1f},{Y(c.output_tokens_per_s_per_gpu):.1f}"
+                        for c in sorted(front, key=lambda c: c.prediction.tpot_s[q]))
+        parts.append(f'<polyline class="frontier" points="{path}" fill="none" stroke="#4c72b0" stroke-width="2"/>')
+        parts += [f'<circle class="frontier-point" cx="{X(c.prediction.tpot_s[q] * 1e3):.1f}" '
+                  f'cy="{Y(c.output_tokens_per_s_per_gpu):.1f}" r="4" fill="#4c72b0"/>' for c in front]
+    best = result.best
+    if best is not None:
+        x, y = best.prediction.tpot_s[q] * 1e3, best.output_tokens_per_s_per_gpu
+        b = band and band.get(f"tpot_p{q}")
+        if b:
+            lo, hi = (v * 1e3 for v in _measured_range(best.prediction.tpot_s[q], b))
+            parts.append(f'<line class="band" x1="{X(lo):.1f}" y1="{Y(y):.1f}" x2="{X(hi):.1f}" y2="{Y(y):.1f}" '
+                         f'stroke="#dd8452" stroke-width="6" stroke-opacity="0.45"><title>held-out band: measured '
+                         f'{lo:.1f}-{hi:.1f} ms</title></line>')
+        parts.append(f'<circle class="pick" cx="{X(x):.1f}" cy="{Y(y):.1f}" r="7" fill="#dd8452" stroke="#000">'
+                     f'<title>{html.escape("pick: " + best.serve_command())}</title></circle>')
+    where = (f"pick: {best.replicas} x TP {best.plan.tp} = {best.gpus} GPU(s)" if best else "nothing meets the targets")
+    title = html.escape(f"{result.tried[0].plan.spec.name if result.tried else ''} on {result.gpu}, "
+                        f"{result.workload.rate_per_s:g} requests/s: {where}")
+    keys = (("#bbbbbb", "other configurations that keep up"), ("#4c72b0", "Pareto frontier"),
+            ("#dd8452", "pick (bar: held-out band)"), ("#c44e52", "target; dotted: less the allowance"))
+    legend, x = [f'<text x="{left}" y="16">{title}</text>'], float(left)
+    for colour, text in keys:   # one row under the x-axis label, ~6 px per character at 10 px
+        legend.append(f'<circle cx="{x + 4:.0f}" cy="{height_px - 26}" r="4" fill="{colour}"/>'
+                      f'<text x="{x + 11:.0f}" y="{height_px - 22}" font-size="10">{html.escape(text)}</text>')
+        x += 20 + 4.9 * len(text)
+    legend = "".join(legend)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="servebook-live-frontier" width="{width_px}" '
+            f'height="{height_px}" viewBox="0 0 {width_px} {height_px}" font-size="12" font-family="sans-serif" '
+            f'role="img" aria-label="{title}"><title>{title}</title>{legend}{"".join(parts)}</svg>')

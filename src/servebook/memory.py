@@ -34,20 +34,50 @@ and prints ``Available KV cache memory: X GiB``. The four claims:
   125.82 - 56.88 - 1.7 - 0.24 - 0.49 (its ``Estimated CUDA graph memory``).
 
 Weights and the budget are arithmetic. The other three are measured by the
-engine, so they are modelled here as linear functions whose coefficients are
+engine, so they are modelled here as functions whose coefficients are
 *fitted to recorded start-up logs* (:func:`~servebook.memory_fit.calibrate`) and stored as data in
-``data/memory_coefficients.json``. The peak activation model is::
+``data/memory_coefficients.json``.
 
-    peak = c0 + c_hidden x T x hidden x 2 + c_mlp x T x mlp_bytes_per_token
-              + c_logits x S x vocab x 4
+**The peak activation model** follows what 0.26.0's ``profile_run`` allocates (read in
+``v1/worker/gpu_model_runner.py``, ``v1/worker/gpu/model_runner.py``, ``v1/sample/``,
+``v1/worker/workspace.py`` and ``fused_moe/modular_kernel.py``). The profiling run is a forward
+pass over ``T = max_num_batched_tokens`` tokens followed by a sampler run over
+``S = min(max_num_seqs, T)`` rows; the torch peak is the largest of three phases (a dense decoder
+layer, a fused-MoE layer, the sampler), each with what is still allocated at that point::
 
-with ``T = max_num_batched_tokens``, ``S = min(max_num_seqs, T)``, bf16
-activations and float32 logits. ``mlp_bytes_per_token`` is the widest MLP
-block's live tensors for one token: ``3 x intermediate / tp x 2`` for a dense
-MLP (gate+up output and the activated half), and for a fused-MoE layer
-``top_k x (3 x expert_intermediate / tp + hidden) x 2`` (the fused-MoE
-intermediate caches) plus the shared experts' dense term. Each coefficient is
-"how many live copies of that tensor the peak holds".
+    peak = c0 + max(forward_dense, forward_moe, sampler)
+    forward_dense = c_hidden x T x hidden x 2 + c_mlp x T x dense_mlp_bytes
+    forward_moe   = c_ws x WS + c_hidden x T x hidden x 2 + c_mlp x T x moe_transient_bytes
+    sampler       = c_ws x WS + c_sampler x sampler_phase_bytes
+
+* ``WS`` (:func:`moe_workspace_bytes`): the fused-MoE workspace. With a modular fused-MoE kernel
+  (``TritonExperts``, what 0.26.0 picks for 16-bit experts on Hopper) the intermediate caches come
+  from the worker's ``WorkspaceManager``, which grows once and keeps the buffer, so it is still
+  allocated when the sampler runs. The monolithic MXFP4 kernel of gpt-oss
+  (``OAITritonMxfp4ExpertsMonolithic``) allocates inside the kernel: no ``WS``, its caches are
+  part of ``forward``.
+* ``forward_dense`` / ``forward_moe``: copies of the hidden states and of the layer's transient MLP
+  tensors (:func:`mlp_bytes_per_token` is the wider of the two). A dense layer that runs before
+  the first MoE layer (DeepSeek-V2's first layer) runs before the workspace exists.
+* ``sampler_phase_bytes`` (:func:`sampler_phase_bytes`): what is live while the sampler runs,
+  which depends on the model runner. V1 (MoE architectures outside
+  :data:`V2_RUNNER_MOE_ARCHITECTURES`, e.g. Qwen3-MoE and gpt-oss) runs the full sampler with
+  top-k and top-p on every dummy row: bf16 logits, their float32 copy, the float32 softmax and
+  the float32 exponential noise (``S x vocab x (2 + 4 + 4 + 4)`` bytes), plus the Triton
+  top-k/top-p kernel's cached ``rows x vocab`` float32 buffer (``rows`` = the GPU's SM count,
+  :data:`SAMPLER_TOPK_BUFFER_ROWS`). Its second, seeded warm-up call runs after the first's
+  tensors are freed, so the two calls do not add. The V2 runner's dummy batch has no top-k/top-p
+  and samples in place: only the bf16 logits (``S x vocab x 2``). Both hold the forward's output
+  hidden states (``T x hidden x 2``) meanwhile.
+
+Every coefficient is "how many live copies of that tensor set the peak holds" (non-negative);
+``c0`` is bytes. This is why the sampler term cannot be a plain sum over all models: on V1 with
+1,024 dummy rows the sampler phase (about 2-2.7 GiB for 150-200k vocabularies) is larger than the
+whole forward pass, so gpt-oss's peak is almost flat in ``T``; on V2 it is small and the forward
+decides (Gemma's 262k vocabulary adds nothing there). The recorded start-ups ran with
+``VLLM_USE_FLASHINFER_SAMPLER=0`` (each log says so), the path modelled here; with FlashInfer's
+sampler on (vLLM's default) only the first V1 call changes, the seeded second one takes the same
+path. Not modelled: fewer than 8 dummy rows (PyTorch's sort path, at most a few dozen MiB).
 
 **What the shipped coefficients rest on.** ``data/memory_coefficients.json``
 says whether they are the first-principles :data:`PRIOR_COEFFICIENTS` or
@@ -59,8 +89,13 @@ and the graph rule are the same in 0.27.1 (read in its source); 0.27.1 prints
 the graph estimate (:func:`~servebook.memory_fit.record_from_log` separates both), and adds
 ``KimiK3ForConditionalGeneration`` to the V2 runner's MoE list. The measured
 claims themselves (activation peaks of 0.27.1's kernels) have not been
-recorded on a GPU with 0.27.1. Every fixture ran at TP = 1, so the TP > 1
-non-torch figure is still the prior.
+recorded on a GPU with 0.27.1.
+The fit leaves out the start-ups declared in ``data/memory_fit_split.toml`` (written before the
+refit: Qwen3-30B-A3B and gpt-oss-20b at 4,096 batched tokens), so their errors are out of
+sample. Fitted on the H200 logs: about 3.2 copies of the hidden states, 1.1 of the MLP block,
+1.2 of the fused-MoE workspace and 1.0 of the sampler tensors, no constant; every recorded
+0.26.0 start-up's KV cache within 0.5% except Gemma 3 27B and Gemma 4 31B, whose weights the
+config under-counts by 0.43 and 0.73 GiB (``Model loading took``), which the KV cache inherits.
 """
 from __future__ import annotations
 
@@ -79,8 +114,13 @@ from servebook.vllm_rules.scheduler import vllm_batch_defaults  # noqa: F401 (re
 GIB = 2**30
 #: Tensor-parallel sizes tried when looking for the smallest one that fits.
 TP_CANDIDATES = TP_CHOICES
-#: Activation features, in the order of the fitted coefficient vector.
-ACTIVATION_FEATURES = ("constant_bytes", "hidden", "mlp", "logits")
+#: Activation coefficients, in the order of the fitted coefficient vector (see the module docstring).
+ACTIVATION_FEATURES = ("constant_bytes", "hidden", "mlp", "moe_workspace", "sampler")
+#: The phases of the profiling run whose peaks are compared (:func:`activation_phases`).
+ACTIVATION_PHASES = ("forward_dense", "forward_moe", "sampler")
+#: Rows of the Triton top-k/top-p kernel's cached float32 buffer on the V1 sampler: the GPU's SM
+#: count (132 on the H100 and H200 the logs were recorded on; other GPUs differ by a few MiB).
+SAMPLER_TOPK_BUFFER_ROWS = 132
 #: MoE architectures that vLLM 0.26.0 runs on the V2 model runner by default
 #: (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in ``config/vllm.py``; 0.27.1 adds
 #: ``KimiK3ForConditionalGeneration``). Every non-MoE decoder uses V2 as well.
@@ -184,11 +224,12 @@ class MemoryCoefficients:
 #: First-principles guesses, used where no log constrains a coefficient (and as
 #: the starting point of :func:`~servebook.memory_fit.calibrate`): four copies of the hidden states,
 #: one of the MLP block (:func:`mlp_bytes_per_token` already counts its three
-#: tensors), one of the float32 logits; 0.2 GiB non-torch memory on one GPU and
+#: tensors), one fused-MoE workspace and one set of sampler tensors (the source's counts);
+#: 0.2 GiB non-torch memory on one GPU and
 #: 1 GiB with TP (NCCL and custom all-reduce buffers); 0.1 GiB + 12 MiB per
 #: layer of CUDA graphs.
 PRIOR_COEFFICIENTS = MemoryCoefficients(
-    activation={"constant_bytes": 0.0, "hidden": 4.0, "mlp": 1.0, "logits": 1.0},
+    activation={"constant_bytes": 0.0, "hidden": 4.0, "mlp": 1.0, "moe_workspace": 1.0, "sampler": 1.0},
     non_torch_tp1_bytes=0.2 * GIB,
     non_torch_tp_gt1_bytes=1.0 * GIB,
     cudagraph_constant_bytes=0.1 * GIB,
@@ -218,45 +259,131 @@ def write_coefficients(coefficients: MemoryCoefficients, path: str | Path | None
 
 
 
+def uses_moe_workspace(spec: ModelSpec) -> bool:
+    """Whether the model's fused-MoE layers take their caches from vLLM's persistent workspace.
+
+    True for MoE models whose routed experts are not MXFP4: 0.26.0 runs 16-bit (and FP8) experts
+    through a modular kernel (``TritonExperts`` on Hopper, as the Qwen3-MoE and DeepSeek-V2 logs
+    say) whose caches come from ``WorkspaceManager`` and stay allocated. MXFP4 experts (gpt-oss)
+    run the monolithic ``OAITritonMxfp4ExpertsMonolithic``, which allocates inside the kernel.
+    """
+    if spec.moe is None:
+        return False
+    bpp = spec.moe.bytes_per_param
+    return bpp is None or bpp >= 1.0
+
+
+def moe_workspace_bytes(spec: ModelSpec, *, max_num_batched_tokens: int, tp: int = 1) -> float:
+    """Bytes of the persistent fused-MoE workspace after a ``T``-token forward, per GPU (bf16).
+
+    ``TritonExperts``' two simultaneous buffers, for ``M = T`` tokens (no chunking in 0.26.0):
+    ``M x top_k x max(I, hidden)`` (the gate/up cache, reused for the output) and
+    ``M x top_k x max(2 x I, hidden)``, with ``I = expert_intermediate / tp``. 0 for dense
+    models and MXFP4 experts (:func:`uses_moe_workspace`).
+    """
+    if not uses_moe_workspace(spec):
+        return 0.0
+    moe = spec.moe
+    i = moe.expert_intermediate_size / tp
+    h = spec.hidden_size
+    per_token = moe.experts_per_token * (max(i, h) + max(2 * i, h))
+    return float(max_num_batched_tokens * per_token * 2)
+
+
 def mlp_bytes_per_token(spec: ModelSpec, tp: int = 1) -> float:
-    """Live bytes of the widest MLP block for one token, per GPU (bf16).
+    """Transient bytes of the widest MLP block for one token, per GPU (bf16).
 
     Dense MLP: ``3 x intermediate_size / tp x 2`` (the fused gate+up output,
     ``2 x intermediate``, and the activated half, ``intermediate``). Fused-MoE
-    layer: ``top_k x (3 x expert_intermediate / tp + hidden) x 2`` (the
-    fused-MoE intermediate caches: gate+up and activation per routed copy of
-    the token, and the per-expert outputs before they are summed) plus the
-    shared experts' dense term. A model whose every layer is MoE has no dense
-    term (its ``intermediate_size`` is not used).
+    layer: the shared experts' dense term, plus, where the kernel allocates
+    its caches itself (MXFP4, :func:`uses_moe_workspace` False),
+    ``top_k x (3 x expert_intermediate / tp + hidden) x 2`` (gate+up and
+    activation per routed copy of the token, and the per-expert outputs before
+    they are summed); with the persistent workspace those caches are
+    :func:`moe_workspace_bytes` instead. A model whose every layer is MoE has
+    no dense term (its ``intermediate_size`` is not used).
     """
-    dense = 3 * spec.intermediate_size / tp * 2
-    if spec.moe is None:
-        return dense
-    moe = spec.moe
-    if len(moe.moe_layer_indices) >= spec.num_layers:
-        dense = 0.0
-    routed = moe.experts_per_token * (3 * moe.expert_intermediate_size / tp + spec.hidden_size) * 2
-    shared = 3 * moe.shared_intermediate_size / tp * 2
-    return max(dense, routed + shared)
+    return max(_mlp_parts(spec, tp))
 
 
-def activation_features(
-    spec: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1
-) -> dict[str, float]:
-    """The regressors of the peak-activation model, in bytes of one copy each.
+def sampler_topk_buffer_rows(num_rows: int) -> int:
+    """Rows of the V1 Triton top-k/top-p buffer for ``num_rows`` dummy rows (a power of 2, capped at the SM count)."""
+    programs = min(SAMPLER_TOPK_BUFFER_ROWS, num_rows)
+    return min(1 << max(0, (programs - 1).bit_length()), SAMPLER_TOPK_BUFFER_ROWS)
 
-    ``hidden``: ``T x hidden_size x 2``; ``mlp``: ``T x`` :func:`mlp_bytes_per_token`;
-    ``logits``: ``min(max_num_seqs, T) x vocab x 4`` (float32, as the sampler
-    sees them); ``constant_bytes``: 1.
+
+def sampler_phase_bytes(spec: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> float:
+    """Bytes live while the profiling run samples, per GPU (see the module docstring).
+
+    Both runners: the forward's output hidden states ``T x hidden x 2`` and the ``S`` gathered
+    rows ``S x hidden x 2``, and the bf16 logits ``S x vocab x 2`` (``S = min(max_num_seqs, T)``).
+    V1 runner (:func:`uses_v2_model_runner` False) adds the float32 logits, softmax and
+    exponential noise (``S x vocab x 12``) and the Triton top-k/top-p buffer
+    (:func:`sampler_topk_buffer_rows` ``x vocab x 4``). The vocabulary is not split by TP
+    (vLLM gathers the logits on every rank).
     """
     t = max_num_batched_tokens
     s = min(max_num_seqs, t)
-    return {
-        "constant_bytes": 1.0,
-        "hidden": float(t * spec.hidden_size * 2),
-        "mlp": float(t * mlp_bytes_per_token(spec, tp)),
-        "logits": float(s * spec.vocab_size * 4),
-    }
+    v = spec.vocab_size
+    live = t * spec.hidden_size * 2 + s * spec.hidden_size * 2 + s * v * 2
+    if not uses_v2_model_runner(spec):
+        live += s * v * 12 + sampler_topk_buffer_rows(s) * v * 4
+    return float(live)
+
+
+def _mlp_parts(spec: ModelSpec, tp: int) -> tuple[float, float]:
+    """(dense-layer MLP, MoE-layer transient) bytes per token; see :func:`mlp_bytes_per_token`."""
+    dense = 3 * spec.intermediate_size / tp * 2
+    if spec.moe is None:
+        return dense, 0.0
+    moe = spec.moe
+    if len(moe.moe_layer_indices) >= spec.num_layers:
+        dense = 0.0
+    routed = 0.0 if uses_moe_workspace(spec) else moe.experts_per_token * (3 * moe.expert_intermediate_size / tp + spec.hidden_size) * 2
+    return dense, routed + 3 * moe.shared_intermediate_size / tp * 2
+
+
+def activation_phases(
+    spec: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1
+) -> dict[str, dict[str, float]]:
+    """The regressors of the peak-activation model, per phase, in bytes of one copy each.
+
+    ``{phase: {feature: bytes}}`` for each of :data:`ACTIVATION_PHASES`, a value per name in
+    :data:`ACTIVATION_FEATURES` (0 where the phase has no such tensor); the peak is the larger
+    phase. ``constant_bytes`` is 1 in every phase. ``forward_dense``: a dense decoder layer,
+    ``hidden`` (``T x hidden_size x 2``) and ``mlp`` (``T x`` the dense MLP's three tensors);
+    it runs before any MoE layer has grown the workspace (DeepSeek's first layers), so no
+    ``moe_workspace``. ``forward_moe``: a fused-MoE layer, ``hidden``, ``mlp`` (its transient
+    tensors: shared experts, and routed caches where the kernel allocates them itself) and
+    ``moe_workspace`` (:func:`moe_workspace_bytes`). ``sampler``: ``moe_workspace`` (still
+    allocated) and ``sampler`` (:func:`sampler_phase_bytes`). Dense models have no MoE layer:
+    their ``forward_moe`` repeats ``forward_dense``.
+    """
+    t = max_num_batched_tokens
+    ws = moe_workspace_bytes(spec, max_num_batched_tokens=t, tp=tp)
+    dense, moe = _mlp_parts(spec, tp)
+    hidden = float(t * spec.hidden_size * 2)
+    zero = dict.fromkeys(ACTIVATION_FEATURES, 0.0)
+    forward_dense = dict(zero, constant_bytes=1.0, hidden=hidden, mlp=float(t * dense))
+    forward_moe = forward_dense if spec.moe is None else dict(zero, constant_bytes=1.0, hidden=hidden,
+                                                               mlp=float(t * moe), moe_workspace=ws)
+    sampler = dict(zero, constant_bytes=1.0, moe_workspace=ws,
+                   sampler=sampler_phase_bytes(spec, max_num_batched_tokens=t, max_num_seqs=max_num_seqs, tp=tp))
+    return {"forward_dense": forward_dense, "forward_moe": forward_moe, "sampler": sampler}
+
+
+def activation_features(
+    spec: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1,
+    coefficients: MemoryCoefficients | None = None,
+) -> dict[str, float]:
+    """The regressors of the phase that sets the peak under ``coefficients`` (default: shipped).
+
+    See :func:`activation_phases`; ``peak_activation_bytes`` is the dot product of these with
+    the coefficients.
+    """
+    c = coefficients or load_coefficients()
+    phases = activation_phases(spec, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
+    return max(phases.values(), key=lambda x: sum(c.activation[k] * x[k] for k in ACTIVATION_FEATURES))
 
 
 def peak_activation_bytes(
@@ -267,9 +394,10 @@ def peak_activation_bytes(
     tp: int = 1,
     coefficients: MemoryCoefficients | None = None,
 ) -> int:
-    """Predicted torch peak of the profiling run, bytes per GPU (never negative)."""
+    """Predicted torch peak of the profiling run, bytes per GPU (never negative): the larger phase."""
     c = coefficients or load_coefficients()
-    x = activation_features(spec, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
+    x = activation_features(spec, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp,
+                            coefficients=c)
     return max(0, round(sum(c.activation[k] * x[k] for k in ACTIVATION_FEATURES)))
 
 

@@ -18,17 +18,38 @@ from pathlib import Path
 from servebook.errors import ServebookError
 from servebook.memory import (
     ACTIVATION_FEATURES,
+    ACTIVATION_PHASES,
     GIB,
     PRIOR_COEFFICIENTS,
     MemoryBudget,
     MemoryCoefficients,
-    activation_features,
+    activation_phases,
     memory_budget,
     vllm_batch_defaults,
     write_coefficients,
 )
 from servebook.model_spec import ModelSpec
+from servebook.shipped import DATA_DIR
 from servebook.shipped import STARTUP_LOGS_DIR as SHIPPED_STARTUP_LOGS  # noqa: F401 (what pages refit and check)
+
+#: The declared held-out split (``held_out = [fixture names]``), written before the refit it guards.
+FIT_SPLIT = DATA_DIR / "memory_fit_split.toml"
+
+
+def held_out_names(path: str | Path | None = None) -> tuple[str, ...]:
+    """Fixture names the shipped fit leaves out (:data:`FIT_SPLIT`); () when the file is absent."""
+    import tomllib
+
+    p = Path(path) if path is not None else FIT_SPLIT
+    if not p.is_file():
+        return ()
+    try:
+        names = tomllib.loads(p.read_text()).get("held_out", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise ServebookError(f"{p} is not TOML ({exc})") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ServebookError(f"{p}: held_out must be a list of fixture names")
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -90,9 +111,12 @@ def calibrate(
 ) -> MemoryCoefficients:
     """Fit the activation, non-torch and CUDA-graph models to recorded start-ups.
 
-    Activation: non-negative least squares of the peak on
-    :func:`activation_features` (coefficients cannot go negative: they are
-    copies of tensors). Non-torch: the mean per class (TP = 1, TP > 1).
+    Activation: the peak is the larger of two phases (:func:`servebook.memory.activation_phases`),
+    a max of two linear functions; the fit alternates between assigning each record to the
+    phase that sets its peak under the current coefficients and a non-negative least squares
+    of every peak on its phase's regressors (coefficients cannot go negative: they are copies
+    of tensors), until the assignment stops changing (at most 50 rounds; the first
+    assignment comes from ``prior``). Non-torch: the mean per class (TP = 1, TP > 1).
     CUDA graphs: non-negative least squares on ``[1, num_layers]`` over the
     records that logged an estimate; with a single layer count, a per-layer
     figure only (``estimate / num_layers``). A part with no data keeps the
@@ -107,18 +131,16 @@ def calibrate(
     base = prior or PRIOR_COEFFICIENTS
     if not recs:
         raise ServebookError("calibrate() needs at least one start-up record")
-    rows = [
-        [activation_features(r.spec, max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs, tp=r.tp)[k] for k in ACTIVATION_FEATURES]
-        for r in recs
-    ]
-    if len({tuple(row) for row in rows}) < len(ACTIVATION_FEATURES):
+    phases = [activation_phases(r.spec, max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs, tp=r.tp)
+              for r in recs]
+    distinct = {tuple(ph[p][k] for p in ACTIVATION_PHASES for k in ACTIVATION_FEATURES) for ph in phases}
+    if len(distinct) < len(ACTIVATION_FEATURES):
         raise ServebookError(
             f"calibrate() needs start-ups with at least {len(ACTIVATION_FEATURES)} distinct "
             "model/max_num_batched_tokens/max_num_seqs settings to fit the activation model; "
-            f"got {len({tuple(row) for row in rows})}"
+            f"got {len(distinct)}"
         )
-    act = dict(zip(ACTIVATION_FEATURES, _nnls(rows, [r.peak_activation_bytes for r in recs])))
-
+    act = _fit_phases(phases, [r.peak_activation_bytes for r in recs], base.activation)
     nt1 = [r.non_torch_bytes for r in recs if r.non_torch_bytes is not None and r.tp == 1]
     ntn = [r.non_torch_bytes for r in recs if r.non_torch_bytes is not None and r.tp > 1]
     cg = [r for r in recs if r.cudagraph_bytes is not None and r.cudagraph_bytes > 0]
@@ -140,6 +162,24 @@ def calibrate(
         gpu=gpu,
         note=_fit_note(recs, nt1, ntn, cg, vllm_version, gpu),
     )
+
+
+def _active_phase(phase_rows: dict, coef) -> str:
+    return max(ACTIVATION_PHASES, key=lambda p: sum(coef[k] * phase_rows[p][k] for k in ACTIVATION_FEATURES))
+
+
+def _fit_phases(phases: list[dict], peaks: list[float], start) -> dict[str, float]:
+    """Max-of-phases NNLS: alternate phase assignment and a joint NNLS until the assignment is stable."""
+    coef = dict(start)
+    assigned = None
+    for _ in range(50):
+        now = [_active_phase(ph, coef) for ph in phases]
+        if now == assigned:
+            break
+        assigned = now
+        rows = [[ph[p][k] for k in ACTIVATION_FEATURES] for ph, p in zip(phases, assigned)]
+        coef = dict(zip(ACTIVATION_FEATURES, _nnls(rows, peaks)))
+    return coef
 
 
 def _fit_note(recs, nt1, ntn, cg, vllm_version, gpu) -> str:
@@ -371,19 +411,38 @@ def leave_one_out(records: Sequence[CalibrationRecord]) -> list[HeldOutError]:
     return rows
 
 
-def calibrate_from_fixtures(root: str | Path, *, write_to: str | Path | None = None) -> MemoryCoefficients:
-    """Fit coefficients on every GPU fixture under ``root``; optionally write them as JSON.
+def calibrate_from_fixtures(
+    root: str | Path, *, write_to: str | Path | None = None, held_out: Iterable[str] | None = None,
+) -> MemoryCoefficients:
+    """Fit coefficients on every GPU fixture under ``root`` except the held-out ones; optionally write them as JSON.
 
-    The fitted file records the fixture names, the vLLM version(s) and GPU(s)
-    of the logs, so the book can say what its memory figures rest on.
+    ``held_out``: fixture names left out of the fit (default: for the shipped folder
+    :data:`SHIPPED_STARTUP_LOGS`, :func:`held_out_names`, the declared split; for any other
+    folder, none). The fitted file records the fixture
+    names it was fitted on, the held-out ones, the vLLM version(s) and GPU(s) of the logs, so
+    the book can say what its memory figures rest on.
+
+    Raises:
+        ServebookError: a held-out name that is not a fixture under ``root``.
     """
     recs = records_from_fixtures(root)
+    if held_out is None:
+        held_out = held_out_names() if Path(root).resolve() == Path(SHIPPED_STARTUP_LOGS).resolve() else ()
+    out = tuple(held_out)
+    unknown = sorted(set(out) - {r.name for r in recs})
+    if unknown:
+        raise ServebookError(f"held-out start-ups not found under {root}: {', '.join(unknown)}")
+    recs = [r for r in recs if r.name not in out]
     versions, gpus = set(), set()
     for name in (r.name for r in recs):
         flags = json.loads((Path(root) / name / "flags.json").read_text())
         versions.add(str(flags.get("vllm_version")))
         gpus.add(str(flags.get("device")))
     fitted = calibrate(recs, vllm_version=", ".join(sorted(versions)), gpu=", ".join(sorted(gpus)))
+    if out:
+        from dataclasses import replace
+
+        fitted = replace(fitted, note=fitted.note + f" Held out (declared in memory_fit_split.toml before the fit): {', '.join(out)}.")
     if write_to is not None:
         write_coefficients(fitted, write_to)
     return fitted

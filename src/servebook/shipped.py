@@ -20,5 +20,7 @@ CPU_STARTUP_LOGS_DIR = DATA_DIR / "cpu_startup_logs"
 BENCH_DIR = DATA_DIR / "bench"
 #: The end-to-end jobs recorded on the H200 (models, workload shapes, request counts): servebook.lab.e2e.plan.
 E2E_JOBS = DATA_DIR / "e2e_jobs.toml"
+#: The chapter's worked example (one deployment, memory to cost): servebook.simulator.worksheet.
+WORKED_EXAMPLE = DATA_DIR / "worked_example.toml"
 #: The directory that holds the ``servebook`` package: put it on an engine child's PYTHONPATH.
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent

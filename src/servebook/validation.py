@@ -397,6 +397,44 @@ def validate_simulate_args(args) -> None:
         check_tp(spec, args.tp)
 
 
+#: ``servebook tune``'s numbers: key -> (what it is, low, whole number, low excluded, hint). The CLI
+#: checks its flags (``--gpus``) and the live tune calculator its fields (``gpus``) with
+#: :func:`check_tune_value`: the same mistake, the same message.
+TUNE_VALUES = {
+    "gpus": ("most GPUs the deployment may use", 1, True, False, ""),
+    "rate": ("arrival rate in requests/s (all replicas)", 0, False, True, ""),
+    "input_tokens": ("mean prompt length in tokens", 1, True, False, ""),
+    "output_tokens": ("mean output length in tokens", 2, True, False, " (TPOT needs two tokens)"),
+    "ttft_ms": ("time-to-first-token target in ms", 0, False, True, ""),
+    "tpot_ms": ("time-per-output-token target in ms", 0, False, True, ""),
+    "e2e_s": ("end-to-end latency target in s", 0, False, True, ""),
+    "price_per_gpu_hour": ("price of one GPU-hour", 0, False, False, ""),
+    "max_model_len": ("context length in tokens", 1, True, False, ""),
+}
+
+
+def check_tune_value(key: str, value, name: str | None = None) -> None:
+    """One of ``servebook tune``'s numbers (:data:`TUNE_VALUES`); ``name`` defaults to the CLI flag."""
+    what, low, whole, low_open, hint = TUNE_VALUES[key]
+    name = name or "--" + key.replace("_", "-")
+    if whole:
+        check_int(value, name, what, low=low, hint=hint)
+    else:
+        check_number(value, name, what, low=low, low_open=low_open, hint=hint)
+
+
+def validate_tune_args(args) -> None:
+    """``servebook tune``'s flags, before the model is read."""
+    check_config_arg(args.config)
+    check_gpu(args.gpu, required=True)
+    for key in TUNE_VALUES:
+        check_tune_value(key, getattr(args, key))
+    if not args.kv_cache_dtypes:
+        raise ServebookError("--kv-cache-dtypes is empty; give auto, fp8 or auto,fp8")
+    for dtype in args.kv_cache_dtypes:
+        check_kv_cache_dtype(dtype, "--kv-cache-dtypes", allowed=("auto", "fp8"))
+
+
 # -- files ----------------------------------------------------------------------------------------
 
 def check_request_file(path, name: str = "request file") -> None:

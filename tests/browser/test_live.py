@@ -71,7 +71,7 @@ def _assert_matches(shown: dict, plan) -> None:
     assert shown["weights_gib"]["value"] == pytest.approx(plan.budget.weights_gib, rel=1e-12)
 
 
-def _screenshot_control(browser, session, path) -> None:
+def _screenshot_control(browser, session, path, selector: str = ".servebook-live") -> None:
     """A screenshot of the live control alone (test-artifacts/browser/): the viewport grown to the
     page's height (as the page tests do), then clipped to the control."""
     height = min(int(browser.evaluate(session, "Math.ceil(document.documentElement.scrollHeight)") or 900), 8000)
@@ -79,7 +79,7 @@ def _screenshot_control(browser, session, path) -> None:
                  {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
     time.sleep(0.3)
     rect = json.loads(browser.evaluate(session, """JSON.stringify((() => {
-      const r = document.querySelector('.servebook-live').getBoundingClientRect();
+      const r = document.querySelector('""" + selector + """').getBoundingClientRect();
       return {x: r.left, y: r.top, width: r.width, height: r.height}; })())"""))
     shot = browser.send("Page.captureScreenshot", {"format": "png", "clip": {**rect, "scale": 1}}, session)
     path.write_bytes(base64.b64decode(shot["data"]))
@@ -235,3 +235,83 @@ def test_the_site_ships_the_wheel_and_pyodide_it_loads(site_dir):
     assert version == pinned
     assert all((pyodide / f).stat().st_size > 0 for f in ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm",
                                                           "python_stdlib.zip", "pyodide-lock.json"))
+
+
+TUNE_PAGE = "book/06-11-chunked-prefill.html"
+TUNE = ".servebook-live[data-calculator=tune]"
+#: 6.11's tune directive (its starting values).
+TUNE_START = {"model": "qwen3-32b", "gpu": "H200-SXM-141GB", "gpus": 4, "rate": 4, "input_tokens": 1024,
+              "output_tokens": 256, "ttft_ms": 1000, "tpot_ms": 35}
+
+
+def _tune_state(browser, session) -> tuple[str, int]:
+    got = json.loads(browser.evaluate(session, f"""JSON.stringify((() => {{ const c = document.querySelector('{TUNE}');
+      return [c.dataset.state, Number(c.dataset.computations || 0)]; }})())"""))
+    return got[0], got[1]
+
+
+def _commit(browser, session, name: str, value) -> None:
+    """Type a value and commit it (Enter or leaving the box fires change); the tune calculator searches
+    on change, after painting its status, so wait for the search to finish."""
+    _, before = _tune_state(browser, session)
+    browser.evaluate(session, f"""(() => {{
+      const f = document.querySelector('{TUNE} [name={name}]');
+      f.value = {json.dumps(str(value))};
+      if (f.value !== {json.dumps(str(value))}) throw new Error('{name} has no option ' + {json.dumps(str(value))});
+      f.dispatchEvent(new Event('change', {{bubbles: true}}));
+    }})()""")
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state, done = _tune_state(browser, session)
+        if done > before and state == "ready":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the tune search did not finish after {name}={value}")
+
+
+def _tune_shown(browser, session) -> dict:
+    return json.loads(browser.evaluate(session, f"""JSON.stringify({{
+      numbers: Object.fromEntries(Array.from(document.querySelectorAll('{TUNE} td[data-key]')).map((td) =>
+        [td.dataset.key, JSON.parse(td.dataset.value)])),
+      command: (document.querySelector('{TUNE} .servebook-live-command') || {{}}).textContent || null,
+      picks: document.querySelectorAll('{TUNE} svg circle.pick').length,
+      frontier: document.querySelectorAll('{TUNE} svg circle.frontier-point').length,
+      error: (() => {{ const e = document.querySelector('{TUNE} .servebook-live-error');
+                       return e.hidden ? null : e.textContent; }})()}})"""))
+
+
+def _cpython(inputs: dict) -> dict:
+    from servebook import live
+
+    reply = live.compute({"calculator": "tune", **{k: str(v) for k, v in inputs.items()}})
+    return reply
+
+
+def test_the_tune_calculator_shows_cpythons_search(site_url, browser, artifacts_dir):
+    """6.11's live search: the page's pick, numbers, serve line and frontier are CPython's for the
+    same inputs (and so the CLI's: tests/test_live.py), and a bad value shows servebook.validation's message."""
+    with watched_page(browser, site_url + TUNE_PAGE) as (session, report):
+        browser.evaluate(session, f"document.querySelector('{TUNE} button.servebook-live-run').click()")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while _tune_state(browser, session)[0] in ("idle", "loading") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status = browser.evaluate(session, f"document.querySelector('{TUNE} .servebook-live-status').textContent")
+        assert _tune_state(browser, session)[0] == "ready", status
+
+        inputs = dict(TUNE_START)
+        for change in (None, ("tpot_ms", 50), ("model", "llama-3.1-70b"), ("rate", 8)):
+            if change:
+                _commit(browser, session, *change)
+                inputs[change[0]] = change[1]
+            want, shown = _cpython(inputs), _tune_shown(browser, session)
+            assert shown["error"] is None, (change, shown["error"])
+            assert shown["numbers"] == {n["key"]: n["value"] for n in want["numbers"]}, change
+            assert shown["command"] == want.get("command"), change
+            assert shown["picks"] == (want["pick"] is not None) and shown["frontier"] == len(want["frontier"]), change
+            if change is None:
+                _screenshot_control(browser, session, artifacts_dir / "run-live-tune.png", TUNE)
+
+        _commit(browser, session, "gpus", 8)
+        assert _tune_shown(browser, session)["error"] == _cpython({**inputs, "gpus": 8})["error"]
+        assert _tune_shown(browser, session)["error"].startswith("gpus 8 is not allowed")
+    assert not (report.blocked or report.exceptions or report.console_errors or report.failed), report

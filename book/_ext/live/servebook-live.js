@@ -44,7 +44,12 @@
     fleet: ["model", "gpu", "gpus", "tp", "requests", "input_tokens", "output_tokens", "max_num_batched_tokens",
             "cudagraph_max_tokens", "kv_cache_dtype"],
     speculation: ["model", "gpu", "tp", "k", "acceptance", "batch", "context_tokens", "kv_cache_dtype"],
+    tune: ["model", "gpu", "gpus", "rate", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms"],
   };
+  // Calculators whose one computation is a whole search (seconds, not milliseconds): they recompute
+  // when a control is committed (change: Enter, leaving the box, a new choice), not on every
+  // keystroke, and say so while Python works.
+  const SLOW = new Set(["tune"]);
   const LABELS = {
     model: "model", gpu: "GPU", tp: "tensor parallel (--tensor-parallel-size)",
     max_model_len: "context (--max-model-len, tokens)", context_tokens: "context (tokens)",
@@ -54,11 +59,15 @@
     gpus: "GPUs in the fleet", requests: "requests in the job", input_tokens: "prompt tokens per request",
     output_tokens: "output tokens per request", max_num_batched_tokens: "--max-num-batched-tokens",
     cudagraph_max_tokens: "largest CUDA-graph step, tokens (0: vLLM's default)",
+    rate: "arrival rate (requests/s, Poisson)", ttft_ms: "p90 TTFT target (ms)", tpot_ms: "p90 TPOT target (ms)",
   };
+  // A field's label where one calculator means something narrower by it.
+  const LABELS_FOR = { tune: { gpus: "most GPUs to use (--gpus)" } };
   // Step of each number box's arrows (any value may be typed).
   const STEPS = { max_model_len: "1024", context_tokens: "1024", max_num_seqs: "1", target_step_ms: "5",
                   k: "1", acceptance: "0.05", batch: "1", gpus: "1", requests: "100000", input_tokens: "500",
-                  output_tokens: "100", max_num_batched_tokens: "1024", cudagraph_max_tokens: "1024" };
+                  output_tokens: "100", max_num_batched_tokens: "1024", cudagraph_max_tokens: "1024",
+                  rate: "1", ttft_ms: "100", tpot_ms: "5" };
   const PASTE = "__paste__";
 
   function el(tag, attrs, children) {
@@ -153,7 +162,8 @@
     const defaults = { ...rt.options.defaults, ...JSON.parse(container.dataset.defaults || "{}") };
     const form = el("form", { class: "servebook-live-form", autocomplete: "off" });
     for (const name of FIELDS[calculator]) {
-      form.append(el("label", {}, [el("span", {}, [LABELS[name]]), control(name, rt.options, defaults[name])]));
+      const label = (LABELS_FOR[calculator] || {})[name] || LABELS[name];
+      form.append(el("label", {}, [el("span", {}, [label]), control(name, rt.options, defaults[name])]));
     }
     const paste = el("textarea", { name: "config_json", rows: "6", cols: "60", hidden: "",
                                    placeholder: "paste the model's config.json here" });
@@ -168,11 +178,25 @@
       state.timings.last_compute_ms = performance.now() - t0;
       container.dataset.computations = String(Number(container.dataset.computations || 0) + 1);
     };
-    form.addEventListener("input", recompute);
-    form.addEventListener("change", recompute);
+    const live = "Live: servebook " + rt.options.version + " running in this page (Python in WebAssembly).";
+    if (SLOW.has(calculator)) {
+      // Paint "searching" first, then compute (the search holds the page's one thread while it runs).
+      form.addEventListener("change", () => {
+        container.dataset.state = "computing";
+        status.textContent = "Searching… (Python in this page)";
+        setTimeout(() => {
+          recompute();
+          status.textContent = live;
+          container.dataset.state = "ready";
+        }, 30);
+      });
+    } else {
+      form.addEventListener("input", recompute);
+      form.addEventListener("change", recompute);
+    }
     recompute();
     button.hidden = true;
-    status.textContent = "Live: servebook " + rt.options.version + " running in this page (Python in WebAssembly).";
+    status.textContent = live;
     container.dataset.state = "ready";
   }
 

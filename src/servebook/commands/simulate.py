@@ -163,12 +163,15 @@ def run(args) -> int:
     result = simulate(requests, config, step_model)
     s = result.summary()
     band = _band(args, plan, step_model, requests, s) if isinstance(step_model, PerfStepTime) else None
+    served = _served(args, result) if isinstance(step_model, PerfStepTime) and math.isfinite(args.rate) else None
     if args.json:
         data = json.loads(result.to_json(include_steps=args.steps))
         data["truncation"] = truncation.to_dict()
         data["step_model"] = step_note
         if band is not None:
             data["error_band"] = band
+        if served is not None:
+            data["served"] = served
         print(json.dumps(data, indent=2))
         return 0
     rows = [
@@ -194,11 +197,35 @@ def run(args) -> int:
         rows.insert(rows.index(next(x for x in rows if x[0] == "throughput")) + 1,
                     ("  makespan band", band_text(band, "jobs") + (f": {r[0]:.2f} to {r[1]:.2f} s"
                                                                    if r and not band["outside"] else "")))
-        rows.append(("TTFT, latency", "no held-out band: the bands cover the makespan and throughput only"))
+        if served is None:
+            rows.append(("TTFT, latency", "no held-out band: the bands cover the makespan and throughput only"))
+    if served is not None:
+        rows += _served_rows(served, args.gpu)
     for key, value in rows:
         print(f"{key:18s}{value}")
     print(step_note)
     return 0
+
+
+def _served(args, result) -> dict:
+    """The run as ``vllm bench serve`` reports it (what ``servebook tune`` predicts): the measured
+    serving path added, p50/p90/p99 TTFT and TPOT, and the held-out band of the ``vllm serve`` runs."""
+    from servebook.simulator.online import latency_band, measured_serving_path, served_latency
+
+    path = measured_serving_path(args.gpu)
+    return served_latency(result, serving_path=path).to_dict() | {"error_band": latency_band(args.gpu)}
+
+
+def _served_rows(served: dict, served_gpu: str) -> list[tuple[str, str]]:
+    from servebook.simulator.online import latency_band_text
+
+    path = served["serving_path"]
+    rows = [("as served", f"TTFT p50 {served['ttft_p50_s'] * 1e3:,.0f} ms, p90 {served['ttft_p90_s'] * 1e3:,.0f} ms; "
+                          f"TPOT p50 {served['tpot_p50_s'] * 1e3:.1f} ms, p90 {served['tpot_p90_s'] * 1e3:.1f} ms "
+                          f"(vllm bench serve's definitions; the engine's figures above plus the API server's "
+                          f"{path['ttft_s'] * 1e3:.1f} ms to the first token, as servebook tune predicts)")]
+    rows.append(("  served band", latency_band_text(served["error_band"], served_gpu)))
+    return rows
 
 
 def _band(args, plan, step_model, requests, summary) -> dict:

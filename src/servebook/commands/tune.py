@@ -35,6 +35,8 @@ def register(sub) -> None:
                    help="a prediction must beat its target by this fraction (default: the model's accuracy "
                         "goal, 0.15 at p50, 0.25 at p90/p99)")
     p.add_argument("--tp", default="1,2,4,8", help="TP sizes to search, comma-separated (default 1,2,4,8)")
+    p.add_argument("--kv-cache-dtypes", default="auto,fp8", type=_dtypes,
+                   help="KV cache dtypes to search, comma-separated (default auto,fp8)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="engine context, tokens (default: the longest request, rounded up to 1,024)")
     p.add_argument("--price-per-gpu-hour", type=float, default=None, help="price of one GPU-hour (any currency)")
@@ -52,25 +54,30 @@ def _tps(text: str) -> tuple[int, ...]:
     return values
 
 
+def _dtypes(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def run(args) -> int:
-    from servebook.perf.gpu import gpu_numbers
     from servebook.simulator.online import OnlineWorkload
     from servebook.simulator.tune import LatencyTargets, tune
+    from servebook.validation import validate_tune_args
 
-    gpu_numbers(args.gpu)   # an unknown GPU is refused here, naming the catalogue
+    validate_tune_args(args)   # every flag, before any work (an unknown GPU names the catalogue)
     workload = OnlineWorkload(args.rate, args.input_tokens, args.output_tokens, range_ratio=args.range_ratio,
                               burstiness=args.burstiness, prefix_tokens=args.prefix_tokens)
     targets = LatencyTargets(ttft_s=None if args.ttft_ms is None else args.ttft_ms / 1e3,
                              tpot_s=None if args.tpot_ms is None else args.tpot_ms / 1e3,
                              e2e_s=args.e2e_s, percentile=args.percentile, headroom=args.headroom)
     result = tune(args.config, gpu=args.gpu, max_gpus=args.gpus, workload=workload, targets=targets,
-                  price_per_gpu_hour=args.price_per_gpu_hour, max_model_len=args.max_model_len, tps=_tps(args.tp))
+                  price_per_gpu_hour=args.price_per_gpu_hour, max_model_len=args.max_model_len, tps=_tps(args.tp),
+                  kv_cache_dtypes=args.kv_cache_dtypes)
     print(json.dumps(to_json(result), indent=1) if args.json else render(result))
     return 0 if result.best else 1
 
 
 def to_json(result) -> dict:
-    from servebook.simulator.online import latency_band
+    from servebook.simulator.online import latency_band, latency_band_text
     from servebook.simulator.tune import WATCH
 
     best = result.best
@@ -86,7 +93,7 @@ def _ms(x: float) -> str:
 
 
 def render(result) -> str:
-    from servebook.simulator.online import latency_band
+    from servebook.simulator.online import latency_band, latency_band_text
     from servebook.simulator.tune import WATCH
 
     w, t, q = result.workload, result.targets, result.targets.percentile
@@ -112,13 +119,7 @@ def render(result) -> str:
         cost = result.cost_per_million_output_tokens(best)
         if cost is not None:
             lines.append(f"  cost: {result.cost_per_hour(best):.2f} per hour, {cost:.3f} per million output tokens")
-        band = latency_band(result.gpu)
-        if band:
-            parts = [f"{m.replace('_', ' ')} {b['p10']:+.0%}..{b['p90']:+.0%}" for m, b in band.items()]
-            lines.append(f"  error band (predicted/measured - 1, 80% of {next(iter(band.values()))['runs']} held-out "
-                         f"vllm serve runs on an H200, vLLM 0.26.0): " + "; ".join(parts))
-        else:
-            lines.append(f"  error band: no held-out vllm serve run on {result.gpu.upper()}: unchecked there")
+        lines.append(f"  error band: {latency_band_text(latency_band(result.gpu), result.gpu)}")
     lines += ["", f"Pareto frontier of the {len(result.tried)} candidates tried, among those that keep up "
               f"(higher tokens/s per GPU, lower p{q} TPOT):",
               f"  {'GPUs':>4} {'TP':>3} {'repl':>4} {'flags':<44} {'tok/s/GPU':>9} {'TTFT p' + str(q):>10} {'TPOT p' + str(q):>10} meets"]

@@ -19,13 +19,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 from servebook.errors import ServebookError
 from servebook.perf.model import SERVING_PATH_FILE
-from servebook.reductions import percentile, require_numpy
+from servebook.reductions import numpy_or_none, percentile, require_numpy
 from servebook.simulator.workload import RequestSpec
 
 PERCENTILES = (50, 90, 99)
+#: The most requests one replica's simulation draws (:meth:`OnlineWorkload.requests`).
+MAX_SIMULATED_REQUESTS = 1000
+#: numpy's standard exponential draws of ``default_rng(0)`` (the first :data:`MAX_SIMULATED_REQUESTS`),
+#: read where numpy is missing (scripts/record_poisson_draws.py writes it; a test checks it against numpy).
+POISSON_DRAWS_FILE = Path(__file__).with_name("poisson_draws.json")
 
 
 @dataclass(frozen=True)
@@ -77,26 +83,58 @@ class OnlineWorkload:
                 + math.ceil(self.output_tokens * (1 + self.range_ratio)))
 
     def requests(self, rate_per_s: float | None = None) -> list[RequestSpec]:
-        """The simulated requests of one replica receiving ``rate_per_s`` (default: all of it)."""
-        np = require_numpy("OnlineWorkload.requests (numpy draws arrivals and lengths)")
+        """The simulated requests of one replica receiving ``rate_per_s`` (default: all of it).
+
+        numpy draws the arrivals and lengths. Without numpy (a browser's Pyodide), Poisson traffic of
+        fixed lengths on seed 0 (``servebook tune``'s defaults) reads numpy's draws from
+        :data:`POISSON_DRAWS_FILE` and gives the same requests, digit for digit; other traffic needs numpy.
+        """
         rate = self.rate_per_s if rate_per_s is None else rate_per_s
-        n = self.num_requests or int(min(1000, max(200, math.ceil(rate * self.duration_s))))
-        rng = np.random.default_rng(self.seed)
-        gaps = rng.gamma(self.burstiness, 1.0 / (rate * self.burstiness), size=n)
-        arrivals = np.cumsum(gaps) - gaps[0]
-        if n > 1 and arrivals[-1] > 0:
-            # the sample's mean rate is the rate asked for (the seed's luck does not move the answer)
-            arrivals = arrivals * ((n - 1) / rate / arrivals[-1])
+        n = self.num_requests or int(min(MAX_SIMULATED_REQUESTS, max(200, math.ceil(rate * self.duration_s))))
+        np = numpy_or_none()
+        if np is None and self._numpy_free_draws(n):
+            # numpy's gamma(1, scale) is scale x its standard exponential stream (random_standard_gamma)
+            scale = 1.0 / (rate * self.burstiness)
+            gaps = [scale * e for e in _poisson_draws()[:n]]
+            arrivals, total = [], 0.0
+            for gap in gaps:      # numpy's cumsum adds in order
+                total += gap
+                arrivals.append(total - gaps[0])
+            if n > 1 and arrivals[-1] > 0:
+                factor = (n - 1) / rate / arrivals[-1]
+                arrivals = [a * factor for a in arrivals]
+            ins, outs = [self.input_tokens] * n, [self.output_tokens] * n
+        else:
+            np = require_numpy("OnlineWorkload.requests (numpy draws arrivals and lengths, except for Poisson "
+                               "traffic of fixed lengths on seed 0)")
+            rng = np.random.default_rng(self.seed)
+            gaps = rng.gamma(self.burstiness, 1.0 / (rate * self.burstiness), size=n)
+            arrivals = np.cumsum(gaps) - gaps[0]
+            if n > 1 and arrivals[-1] > 0:
+                # the sample's mean rate is the rate asked for (the seed's luck does not move the answer)
+                arrivals = arrivals * ((n - 1) / rate / arrivals[-1])
 
-        def lengths(mean: int, low_bound: int):
-            lo = max(low_bound, int(math.floor(mean * (1 - self.range_ratio))))
-            hi = max(lo, int(math.ceil(mean * (1 + self.range_ratio))))
-            return rng.integers(lo, hi + 1, size=n)
+            def lengths(mean: int, low_bound: int):
+                lo = max(low_bound, int(math.floor(mean * (1 - self.range_ratio))))
+                hi = max(lo, int(math.ceil(mean * (1 + self.range_ratio))))
+                return rng.integers(lo, hi + 1, size=n)
 
-        ins, outs = lengths(self.input_tokens, self.prefix_tokens + 1), lengths(self.output_tokens, 2)
+            ins, outs = lengths(self.input_tokens, self.prefix_tokens + 1), lengths(self.output_tokens, 2)
         prefix = "shared" if self.prefix_tokens else None
         return [RequestSpec(f"r{i}", int(ins[i]), int(outs[i]), float(arrivals[i]), prefix, self.prefix_tokens)
                 for i in range(n)]
+
+    def _numpy_free_draws(self, n: int) -> bool:
+        """Whether :data:`POISSON_DRAWS_FILE` holds this traffic's draws: Poisson arrivals, fixed
+        lengths, seed 0, at most :data:`MAX_SIMULATED_REQUESTS` requests."""
+        return (self.burstiness == 1 and self.range_ratio == 0 and self.seed == 0
+                and n <= MAX_SIMULATED_REQUESTS)
+
+
+@lru_cache(maxsize=1)
+def _poisson_draws() -> list[float]:
+    """numpy's standard exponential draws of ``default_rng(0)`` (:data:`POISSON_DRAWS_FILE`)."""
+    return json.loads(POISSON_DRAWS_FILE.read_text())["draws"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +185,15 @@ def latency_band(gpu: str = "h200") -> dict[str, dict] | None:
     if not SERVING_PATH_FILE.exists():
         return None
     return json.loads(SERVING_PATH_FILE.read_text()).get("band", {}).get(_catalogue_name(gpu))
+
+
+def latency_band_text(band: dict | None, gpu: str) -> str:
+    """:func:`latency_band` in words, for the CLI's ``tune`` and ``simulate --rate``."""
+    if not band:
+        return f"no held-out vllm serve run on {gpu.upper()}: unchecked there"
+    parts = [f"{m.replace('_', ' ')} {b['p10']:+.0%}..{b['p90']:+.0%}" for m, b in band.items()]
+    return (f"predicted/measured - 1, 80% of {next(iter(band.values()))['runs']} held-out vllm serve runs on an "
+            f"H200, vLLM 0.26.0: " + "; ".join(parts))
 
 
 @dataclass(frozen=True)
@@ -212,7 +259,13 @@ def predict_from_requests(requests: list[RequestSpec], config, step, *,
     """Serve ``requests`` on the simulated engine and summarise as ``vllm bench serve`` does."""
     from servebook.simulator.run import simulate
 
-    result = simulate(requests, config, step)
+    return served_latency(simulate(requests, config, step), serving_path=serving_path)
+
+
+def served_latency(result, *, serving_path: ServingPath = ServingPath()) -> LatencyPrediction:
+    """A simulated run (:func:`servebook.simulator.simulate`'s result) as ``vllm bench serve`` would
+    report it: the engine's TTFT and TPOT plus the serving path's, percentiles, throughput and
+    whether the queue kept growing."""
     reqs = result.requests
     ttft = [r.ttft_s + serving_path.ttft_s for r in reqs]
     tpot = [(r.last_token_s - r.first_token_s) / (r.output_tokens - 1) + serving_path.tpot_s

@@ -193,6 +193,10 @@ class TuneResult:
         closest = min(fewer, key=lambda c: max(c.misses.values()))
         return tuple(sorted(closest.misses))
 
+    def binding_one_gpu_fewer_text(self) -> str:
+        """:meth:`binding_one_gpu_fewer` in words (``"TPOT"``, ``"TTFT and TPOT"``; ``"none"``)."""
+        return " and ".join(TARGET_NAMES[m] for m in self.binding_one_gpu_fewer()) or "none"
+
     def cost_per_hour(self, c: Candidate) -> float | None:
         return None if self.price_per_gpu_hour is None else c.gpus * self.price_per_gpu_hour
 
@@ -230,6 +234,16 @@ def _plans(model, gpu, tp, kv, max_model_len, usage, notes):
     return out
 
 
+#: How the book and the CLI name each target metric.
+TARGET_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end"}
+
+
+def default_max_model_len(workload: OnlineWorkload) -> int:
+    """The engine's context a search sizes for: the workload's longest request, rounded up to a
+    multiple of 1,024 tokens."""
+    return 1024 * math.ceil(workload.max_request_tokens / 1024)
+
+
 def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: LatencyTargets,
          price_per_gpu_hour: float | None = None, max_model_len: int | None = None,
          tps: tuple[int, ...] = TP_CHOICES, kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES,
@@ -247,7 +261,7 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         raise ServebookError(f"--gpus must be >= 1, got {max_gpus}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ServebookError(f"--price-per-gpu-hour must be >= 0, got {price_per_gpu_hour}")
-    length = max_model_len or 1024 * math.ceil(workload.max_request_tokens / 1024)
+    length = max_model_len or default_max_model_len(workload)
     spec = model if not isinstance(model, str) else load_model_spec(model)
     notes: list[str] = []
     ladders = []   # (tp, [(plan, flags)]) for each TP and KV dtype that fits
@@ -333,7 +347,7 @@ def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu
              workload: OnlineWorkload, path: ServingPath) -> str:
     """Which target binds when nothing met them, and what would relax it."""
     q = targets.percentile
-    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end latency"}
+    names = {m: f"{TARGET_NAMES[m]} latency" if m == "e2e" else TARGET_NAMES[m] for m in TARGET_NAMES}
     goal = {"ttft": targets.ttft_s, "tpot": targets.tpot_s, "e2e": targets.e2e_s}
     fastest = max(tried, key=lambda c: c.plan.tp)
     floors = _floors(fastest, workload, path)
