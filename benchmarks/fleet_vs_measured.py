@@ -29,31 +29,32 @@ def _pct(x, sign: str = "+") -> str:
 
 def _declared(folder: str, gpu: str | None, as_json: bool) -> int:
     """Print every declared job: servebook fleet's default answer (ramp and drain) against the measurement."""
-    import tomllib
+    from servebook.lab.e2e.analysis import declared_rows, declared_summary, read_declaration
 
-    from servebook.lab.e2e.analysis import declared_rows, declared_summary
-    from servebook.records import results_path
-
-    declaration = tomllib.loads(results_path(folder, "heldout.toml").read_text())
-    rows = declared_rows(declaration, e2e_results(folder=folder), gpu=gpu)
+    declaration, docs = read_declaration(folder)
+    rows = declared_rows(declaration, docs, gpu=gpu)
     sums = {"held out": declared_summary(rows), "held out (stricter reading)": declared_summary(rows, strict=True),
             "held out, steady state alone": declared_summary(rows, key="steady_error")}
     if as_json:
         print(json.dumps({"rows": rows, "summary": sums}))
         return 0
-    print(f"{'record':36s} {'job':12s} {'declared':9s} {'strict':9s} {'meas s':>7s} {'fleet s':>7s} {'error':>6s} "
-          f"{'steady':>6s}")
+    print(f"{'record':36s} {'job':12s} {'declared':9s} {'now':9s} {'strict':9s} {'meas s':>7s} {'fleet s':>7s} "
+          f"{'error':>6s} {'steady':>6s}")
     for r in rows:
+        head = f"{r['record']:36s} {r['job']:12s} {r['declared_group']:9s} {r['group']:9s} {r['strict_group']:9s}"
         if not r["recorded"]:
-            print(f"{r['record']:36s} {r['job']:12s} {r['group']:9s} {r['strict_group']:9s}  not recorded")
+            print(f"{head}  not recorded")
             continue
-        print(f"{r['record']:36s} {r['job']:12s} {r['group']:9s} {r['strict_group']:9s} {r['measured_s']:7.1f} "
-              f"{r['predicted_s']:7.1f} {_pct(r['error'])} {_pct(r['steady_error'])}")
+        print(f"{head} {r['measured_s']:7.1f} {r['predicted_s']:7.1f} {_pct(r['error'])} {_pct(r['steady_error'])}")
     for name, s in sums.items():
         print(f"{name}: {s['jobs']} jobs, median |error| {_pct(s['median'], '')}, mean |error| {_pct(s['mae'], '')}, "
               f"worst {_pct(s['worst'])}")
     print("error = servebook fleet's default answer (the job with its ramp and drain) / measured output tokens/s - 1; "
-          "steady = the steady state alone (--steady-state)")
+          "steady = the steady state alone (--steady-state); now = the group after the declaration's appended "
+          "[[regrouped]] entries (a held-out job whose model later shaped a term is fitted)")
+    for r in rows:
+        if r["regrouped_why"]:
+            print(f"regrouped: {r['record']} {r['job']}: {r['regrouped_why']}")
     return 0
 
 
@@ -86,7 +87,8 @@ def _print_bands() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", help="results folder (holding e2e/) or a folder of e2e_*.json files")
-    ap.add_argument("--split", help="JSON with 'fitted_on' (default: servebook/perf/data/e2e_split.json)")
+    ap.add_argument("--split", help="JSON with 'fitted_on' and 'term_models' (default: servebook/perf/data/e2e_split.json): "
+                                    "a job of any model either names is fitted")
     ap.add_argument("--gpu", help="catalogue GPU to predict for (default: the one each record names)")
     ap.add_argument("--json", action="store_true", help="print the rows and summaries as JSON")
     ap.add_argument("--steps", action="store_true",

@@ -50,8 +50,16 @@ def test_summary_is_mean_absolute_and_signed_worst():
 
 
 def test_split_names_exactly_the_models_the_step_calibration_was_fitted_on():
+    """The split's second-stage models are the step sweep's; the models every term was fitted on are the fitted
+    ones, and each later stage's records are of its term's models."""
+    from servebook.perf.calibrate_steps import stage_two_models, term_models
+
     calibration = json.loads((ROOT / "src" / "servebook" / "perf" / "data" / "calibration.json").read_text())
-    assert set(fitted_models()) == {s["model"] for s in calibration["sources"]}
+    assert set(stage_two_models()) == {s["model"] for s in calibration["sources"]}
+    terms = term_models()
+    assert set(fitted_models()) == set(stage_two_models()).union(*terms.values())
+    fits = {f: stage for stage in ("stage4", "stage5") for f in calibration[stage]["fits"]}
+    assert set(terms) == set(fits)
 
 
 def test_rows_compare_fleet_with_the_recorded_job(tmp_path):

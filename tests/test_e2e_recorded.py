@@ -37,7 +37,8 @@ def test_the_goal_is_met_in_scope_and_far_off_over_every_held_out_job(rows):
 
     scope = [r for r in _held(rows) if in_scope(r)]
     s = summary(scope, "finite_error")
-    assert s["jobs"] >= 14 and abs(s["worst"]) <= 0.20 and s["mae"] <= 0.10, s
+    # 12 since DeepSeek-V2-Lite shaped a term (its two uniform-routing jobs count as fitted now)
+    assert s["jobs"] >= 12 and abs(s["worst"]) <= 0.20 and s["mae"] <= 0.10, s
     assert summary(_held(rows), "finite_error")["mae"] > 0.10
 
 
@@ -243,13 +244,31 @@ def declared():
 def test_every_declared_job_is_reported_with_the_groups_it_was_declared_with(declared):
     declaration, rows = declared
     assert [(j["record"], j["job"], j["group"], j["strict_group"]) for j in declaration["job"]] == \
-        [(r["record"], r["job"], r["group"], r["strict_group"]) for r in rows]
+        [(r["record"], r["job"], r["declared_group"], r["declared_strict_group"]) for r in rows]
     assert all(r["recorded"] for r in rows) and len(rows) == 10
     # the page tells the fp8-KV engine's jobs from the same requests on the 16-bit one
     assert {r["kv_cache_dtype"] for r in rows if r["record"].endswith("-fp8kv")} == {"fp8"}
     assert {r["kv_cache_dtype"] for r in rows if r["record"] == "e2e_llama-3.1-8b-longctx"} == {"auto"}
     # the stricter reading never holds out a job the primary one counts as fitted
     assert all(r["group"] == "held out" for r in rows if r["strict_group"] == "held out")
+
+
+def test_a_declared_job_changes_group_only_by_an_appended_entry_when_its_model_shaped_a_term(declared):
+    """heldout.toml is only appended to: a held-out job becomes fitted through a [[regrouped]] entry, and
+    only when its model shaped a term of the step model (perf/data/e2e_split.json); no job goes the other way."""
+    from servebook.lab.e2e.analysis import fitted_models
+
+    declaration, rows = declared
+    shaped = fitted_models()
+    for r in rows:
+        if (r["group"], r["strict_group"]) != (r["declared_group"], r["declared_strict_group"]):
+            assert r["regrouped_why"] and r["group"] == r["strict_group"] == "fitted"
+            assert r["model"] in shaped, f"{r['record']} regrouped, but {r['model']} shaped no term"
+        elif r["model"] in shaped:  # a model that shaped a term never stays held out
+            assert r["group"] == "fitted", f"{r['record']}: {r['model']} shaped a term; append a [[regrouped]] entry"
+    # the MLA + MoE job whose error shaped the eager MLA term is one of them
+    assert any(r["model"] == "deepseek-v2-lite" and r["declared_group"] == "held out" and r["group"] == "fitted"
+               for r in rows)
 
 
 def test_declared_errors_are_the_measured_seconds_against_the_default_answer(declared):
@@ -260,15 +279,56 @@ def test_declared_errors_are_the_measured_seconds_against_the_default_answer(dec
 
 
 def test_the_page_claims_on_the_declared_jobs(declared):
-    """labs/e2e_results.md: the worst held-out job is the MLA+MoE one; the KV-bound hybrid job (which
-    preempted) is priced within 5%; the default answer beats the steady state alone on the held-out set."""
+    """labs/e2e_results.md: DeepSeek-V2-Lite's MLA+MoE job, declared held out, is the one regrouped (its error
+    shaped the MLA term); the KV-bound hybrid job (which preempted) is priced within 5%; the default answer
+    beats the steady state alone on the held-out set; the stricter reading holds out one job."""
     from servebook.lab.e2e.analysis import declared_summary
 
     _, rows = declared
-    held = [r for r in rows if r["group"] == "held out"]
-    worst = max(held, key=lambda r: abs(r["error"]))
-    assert worst["model"] == "deepseek-v2-lite" and worst["error"] > 0.2
+    moved = [r for r in rows if r["group"] != r["declared_group"]]
+    assert [(r["model"], r["declared_group"], r["group"]) for r in moved] == [("deepseek-v2-lite", "held out", "fitted")]
+    assert abs(moved[0]["error"]) < 0.1
     hybrid = next(r for r in rows if r["kind"].startswith("hybrid"))
     assert hybrid["preemptions"] > 0 and abs(hybrid["error"]) < 0.05
     assert declared_summary(rows)["mae"] < declared_summary(rows, key="steady_error")["mae"]
     assert declared_summary(rows, strict=True)["jobs"] == 1
+
+
+def test_the_terms_ablation_the_page_shows():
+    """labs/e2e_results.md, the two terms: without the MLA term DeepSeek-V2-Lite's job is priced > 20% fast and
+    its eager steps (most of its time) > 20% too fast where the fitted MoE's at the same flags are within 10%;
+    its GPU-bound steps are right at the median; the fp8 term moves only the fp8 jobs, and no recorded
+    held-out job moves (none has MLA layers or an fp8 cache)."""
+    from servebook.lab.e2e.ablation import ablation_summary, declared_ablation, terms_switched_off, variants
+    from servebook.lab.e2e.analysis import step_regimes
+
+    rows = declared_ablation(["e2e_issue39", "e2e_issue39b"])
+    ds = next(r for r in rows if r["model"] == "deepseek-v2-lite")
+    assert ds["errors"]["neither"] > 0.2 and abs(ds["errors"]["both"]) < 0.1
+    assert ds["errors"]["fp8_kv_bandwidth_eff only"] == ds["errors"]["neither"]
+    for r in rows:
+        if r["recorded"] and not r["record"].endswith("fp8kv"):
+            assert r["errors"]["eager_mla_layer_s only"] == r["errors"]["both"], r["record"]
+        if r["recorded"] and r["kind"] != "MLA + MoE":
+            assert r["errors"]["fp8_kv_bandwidth_eff only"] == r["errors"]["both"], r["record"]
+    # the second declaration (recorded after the terms were fitted): the MLA term brings both held-out MLA+MoE
+    # models from > 15% too fast to within 5%, and only they move with it; the fp8 term moves only Gemma's fp8 job
+    second = {r["model"]: r for r in rows if r["folder"] == "e2e_issue39b"}
+    assert all(r["recorded"] for r in second.values()) and len(second) == 3
+    for model in ("moonlight-16b-a3b", "glm-4.7-flash"):
+        e = second[model]["errors"]
+        assert e["neither"] > 0.15 and abs(e["both"]) < 0.05 and e["fp8_kv_bandwidth_eff only"] == e["neither"]
+    g = second["gemma-3-27b"]["errors"]
+    assert g["eager_mla_layer_s only"] == g["neither"] and abs(g["both"]) < abs(g["neither"])
+    held = ablation_summary(rows, "held out")
+    assert held["both"]["jobs"] == 5 and held["both"]["mae"] < held["neither"]["mae"]
+    assert held["both"]["median"] <= 0.06 and held["both"]["mae"] <= 0.08 and abs(held["both"]["worst"]) <= 0.15
+    docs = {d["model_id"]: d for d in e2e_results(folder="e2e_issue39")}
+    with terms_switched_off(variants()[0][1]):
+        mla = step_regimes(docs["deepseek-v2-lite-mixed-uniform"], docs["deepseek-v2-lite-mixed-uniform"]["jobs"][0])
+        ref = step_regimes(docs["qwen3-30b-a3b-mixed-uniform"], docs["qwen3-30b-a3b-mixed-uniform"]["jobs"][0])
+    eager = [k for k in mla if "eager" in k and "> 8k" not in k]
+    assert eager and all(mla[k]["error"] < -0.2 for k in eager)
+    assert sum(mla[k]["measured_s"] for k in mla if "eager" in k) > 0.8 * sum(v["measured_s"] for v in mla.values())
+    assert all(abs(v["error"]) < 0.1 for k, v in ref.items() if "eager" in k)
+    assert abs(mla["mixed, eager, prefill > 8k"]["median_error"]) < 0.05

@@ -792,10 +792,11 @@ def test_drills_grading_from_code_names_the_k_and_v_slip_and_accepts_the_mechani
     assert concept.correct
 
 
-def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_by_a_third_and_move_the_rest_a_few_percent(fleet_job):
+def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_by_a_fifth_and_move_the_rest_a_few_percent(fleet_job):
     """notebooks/fleet_plan.md: capturing graphs up to the budget "removes that floor where it binds: the large fp8
-    batches of the MoE at TP 4 and TP 8 run in about 30% fewer hours. Where the GPU work already hides the
-    launches, graphs change a layout's hours by a few percent either way"."""
+    batches of the MoE at TP 4 and TP 8 run in about 20% fewer hours. Where the GPU work already hides the
+    launches, graphs change a layout's hours by a few percent either way". (About 30% before the fp8 KV read
+    was priced at its measured efficiency: the longer GPU work of an fp8 step hides more of the launch floor.)"""
     from servebook.hf_config import load_model_spec
 
     job, gpu, coeffs = fleet_job
@@ -807,6 +808,6 @@ def test_fleet_plan_graphs_up_to_the_budget_cut_the_moe_fp8_rows_by_a_third_and_
                                               cudagraph_max_tokens=graphs), coeffs).hours for graphs in (None, 16384)]
                 ratio = hours[1] / hours[0]
                 if model_id == "gemma-4-26b-a4b" and kv == "fp8" and tp in (4, 8):
-                    assert 0.6 < ratio < 0.8, (model_id, tp, kv, ratio)
+                    assert 0.75 < ratio < 0.85, (model_id, tp, kv, ratio)
                 else:
                     assert abs(ratio - 1) < 0.05, (model_id, tp, kv, ratio)

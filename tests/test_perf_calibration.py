@@ -180,7 +180,7 @@ def test_shipped_second_stage_used_exactly_the_fitted_models_records():
     from servebook.perf import calibrate_steps
 
     shipped = json.loads(CALIBRATION_FILE.read_text())
-    fitted = calibrate_steps.fitted_models()
+    fitted = calibrate_steps.stage_two_models()
     files = {s["file"]: s["sha256"] for s in shipped["stage2"]["sources"]}
     expected = {}
     for f in sorted((ROOT / "labs" / "results" / "e2e").glob("e2e_*.json")):
@@ -259,3 +259,177 @@ def test_shipped_third_stage_used_exactly_the_attention_records():
     report = shipped["stage3"]["report"]["H200-SXM-141GB"]
     eff = shipped["coefficients"]["H200-SXM-141GB"]["sliding_kv_bandwidth_eff"]
     assert report["sliding_kv_bandwidth_eff"] == eff and 0.05 < eff < 1.0
+
+
+# ---- signs: every coefficient means something, and no term makes a step cheaper than its parts ------
+def test_every_coefficient_has_a_kind_and_the_shipped_ones_keep_its_sign(tmp_path):
+    """Each numeric coefficient is an efficiency (0, 1], a cost in seconds (>= 0), a half point (> 0) or the
+    smooth maximum's exponent (>= 1); the shipped calibration keeps every one in range, and a file that
+    does not is refused naming the coefficient."""
+    from servebook.perf.model import COEFFICIENT_KINDS, coefficient_problems, load_calibration
+
+    numeric = {f.name for f in fields(Coefficients) if f.name not in ("gpu", "source")}
+    assert numeric == set(COEFFICIENT_KINDS), "give each new coefficient a kind in COEFFICIENT_KINDS"
+    shipped = json.loads(CALIBRATION_FILE.read_text())
+    for gpu, entry in shipped["coefficients"].items():
+        assert coefficient_problems(entry) == [], gpu
+        assert set(numeric) <= set(entry), "the calibration names every coefficient it fitted"
+    entry = next(iter(shipped["coefficients"].values()))
+    for name, bad in (("eager_mla_layer_s", -1e-4), ("fp8_kv_bandwidth_eff", 1.2), ("kv_bandwidth_eff", 0.0),
+                      ("smoothmax_p", 0.5), ("expert_half_rows", -3.0)):
+        broken = dict(shipped, coefficients={"H200-SXM-141GB": dict(entry, **{name: bad})})
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(cal.ServebookError, match=f"out of range: {name} = "):
+            load_calibration(path)
+
+
+def _steps_of_every_kind():
+    """(spec, kv dtype, Work) of decode-only steps inside and above the graph size and mixed steps, for a
+    dense, a GQA MoE and an MLA MoE model."""
+    from servebook.hf_config import load_model_spec, load_reference_config
+    from servebook.perf.work import decode_work, prefill_work
+
+    out = []
+    for name in ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite"):
+        s = load_model_spec(load_reference_config(name), name=name)
+        for kv in ("auto", "fp8"):
+            for batch, ctx in ((1, 100), (64, 2000), (600, 1200), (1024, 1100), (32, 30000)):
+                d = decode_work(s, batch, ctx, kv_cache_dtype=kv)
+                out.append((s, kv, d))
+                out.append((s, kv, d + prefill_work(s, 3000, prior_tokens=500, kv_cache_dtype=kv)))
+            out.append((s, kv, prefill_work(s, 300, kv_cache_dtype=kv)))
+    return out
+
+
+def test_no_term_makes_a_step_cheaper_than_its_parts():
+    """With the shipped coefficients, a step costs at least its fixed costs plus its GPU work; switching off
+    any cost term (0 s) or raising any efficiency to 1 never makes a step dearer, i.e. each fitted term can
+    only add time where the physics says it should."""
+    from dataclasses import replace
+
+    from servebook.perf.model import COEFFICIENT_KINDS, StepPricer, calibrated_coefficients
+
+    shipped, _ = calibrated_coefficients("H200-SXM-141GB")
+    switched = [replace(shipped, **{n: 0.0}) for n, k in COEFFICIENT_KINDS.items()
+                if k == "seconds" and getattr(shipped, n) is not None]
+    switched += [replace(shipped, **{n: 1.0}) for n, k in COEFFICIENT_KINDS.items()
+                 if k == "efficiency" and getattr(shipped, n) is not None]
+    for s, kv, w in _steps_of_every_kind():
+        pricer = StepPricer(s, H200, shipped, cudagraph_max_tokens=512, kv_cache_dtype=kv)
+        t = pricer.terms(*w.astuple())
+        assert t["step_s"] >= t["overhead_s"] + t["linear_s"] + t["attention_s"] + t["allreduce_s"] - 1e-15
+        for c in switched:
+            pricer.coeffs = c
+            assert pricer.step_s(*w.astuple()) <= t["step_s"] * (1 + 1e-12), (s.name, kv, w.tokens)
+
+
+def _steps_doc(model_id, cfg, steps, price, scale, kv="auto"):
+    """A ``servebook.e2e/1`` record whose steps ``[(decodes, context per decode, [(chunk, prior)])]`` took
+    ``scale`` x ``price(decodes, ctx, chunks)``."""
+    t, dec, ctxs, pre = [0.0], [], [], []
+    for decodes, ctx, chunks in steps:
+        dec.append(decodes)
+        ctxs.append(decodes * ctx)
+        pre.append([[n, prior + n, prior] for n, prior in chunks])
+        t.append(t[-1] + scale * price(decodes, ctx, chunks))
+    dec.append(1)
+    ctxs.append(1)
+    pre.append([])
+    n = len(dec)
+    record = {"t_s": t, "decodes": dec, "decode_context_tokens": ctxs, "prefills": pre, "total_tokens": dec,
+              "prefill_requests": [0] * n, "prefill_tokens": [0] * n}
+    flags = {"max_num_seqs": 1024, "max_num_batched_tokens": 16384}
+    if kv != "auto":
+        flags["kv_cache_dtype"] = kv
+    return {"model_id": model_id, "config": cfg, "engine_args": flags, "jobs": [{"name": "j", "steps": record}]}
+
+
+def _pricer_of(cfg, coeffs, kv="auto"):
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.model import StepPricer
+    from servebook.perf.work import NO_WORK, PrefillWork, decode_work
+
+    s = load_model_spec(cfg)
+    pricer = StepPricer(s, H200, coeffs, cudagraph_max_tokens=512, kv_cache_dtype=kv)
+    prefill = PrefillWork(s, kv_cache_dtype=kv)
+
+    def price(decodes, ctx, chunks):
+        w = list(decode_work(s, decodes, ctx, kv_cache_dtype=kv).astuple()) if decodes else list(NO_WORK)
+        for n, prior in chunks:
+            w = [a + b for a, b in zip(w, prefill(n, prior, True))]
+        return pricer.step_s(*w)
+    return price
+
+
+def test_fourth_stage_recovers_a_known_mla_host_term_and_leaves_the_shared_gap_out():
+    """An MLA MoE job and a GQA MoE job at the same flags, both 10% over the model's price (a gap they
+    share), the MLA one's eager steps paying 1.5 ms per MLA layer more: the stage finds 1.5 ms, not the 10%."""
+    from dataclasses import replace
+
+    from servebook.hf_config import load_reference_config
+    from servebook.perf import calibrate_mla
+
+    truth = replace(KNOWN, eager_mla_layer_s=1.5e-3, eager_layer_s=8e-4, eager_sequence_s=2e-5)
+    start = replace(truth, eager_mla_layer_s=0.0)
+    steps = [(b, ctx, chunks) for b in (100, 600, 900, 1020) for ctx in (800, 1500)
+             for chunks in ([], [(900, 0)], [(4000, 0), (2000, 300)])]
+    mla_cfg, ref_cfg = load_reference_config("deepseek-v2-lite"), load_reference_config("qwen3-30b-a3b")
+    mla = _steps_doc("mla", mla_cfg, steps, _pricer_of(mla_cfg, truth), 1.1)
+    ref = _steps_doc("ref", ref_cfg, steps, _pricer_of(ref_cfg, truth), 1.1)
+    fitted, report = calibrate_mla.fit_eager_mla_layer(start, [mla], [ref], H200)
+    assert fitted.eager_mla_layer_s == pytest.approx(1.5e-3, rel=1e-3)
+    assert report["reference_ratio"] == pytest.approx(1.1, rel=1e-6) and report["mla_ratio_before"] > 1.15
+    assert replace(fitted, eager_mla_layer_s=0.0) == start, "nothing else moves"
+    # a job that ran no slower than the reference gets no MLA term (the term cannot be negative)
+    fast = _steps_doc("mla", mla_cfg, steps, _pricer_of(mla_cfg, start), 1.0)
+    assert calibrate_mla.fit_eager_mla_layer(start, [fast], [ref], H200)[0].eager_mla_layer_s == 0.0
+    with pytest.raises(cal.ServebookError, match="mixed up"):
+        calibrate_mla.fit_eager_mla_layer(start, [ref], [mla], H200)
+
+
+def test_fifth_stage_recovers_a_known_fp8_kv_efficiency_and_leaves_the_shared_gap_out():
+    """One shape with a 16-bit and an fp8 KV cache, both 10% over the model's price, the fp8 read at 0.7 of
+    the 16-bit efficiency: the stage finds 0.7; an fp8 engine no slower per byte gets 1 (never above)."""
+    from dataclasses import replace
+
+    from servebook.hf_config import load_reference_config
+    from servebook.perf import calibrate_kv_fp8
+
+    truth = replace(KNOWN, fp8_kv_bandwidth_eff=0.7)
+    start = replace(truth, fp8_kv_bandwidth_eff=1.0)
+    cfg = load_reference_config("llama-3.1-8b")
+    steps = [(b, ctx, []) for b in (8, 32, 100) for ctx in (4000, 8000, 16000)]
+    auto = dict(_steps_doc("auto", cfg, steps, _pricer_of(cfg, truth), 1.1), config_sha256="same")
+    fp8 = dict(_steps_doc("fp8", cfg, steps, _pricer_of(cfg, truth, "fp8"), 1.1, kv="fp8"), config_sha256="same")
+    fitted, report = calibrate_kv_fp8.fit_fp8_kv_eff(start, [auto, fp8], H200)
+    assert fitted.fp8_kv_bandwidth_eff == pytest.approx(0.7, rel=1e-3)
+    assert report["auto_ratio"] == pytest.approx(1.1, rel=1e-6) and report["fp8_ratio_before"] > 1.2
+    assert replace(fitted, fp8_kv_bandwidth_eff=1.0) == start
+    quick = dict(_steps_doc("fp8", cfg, steps, _pricer_of(cfg, start, "fp8"), 1.0, kv="fp8"), config_sha256="same")
+    assert calibrate_kv_fp8.fit_fp8_kv_eff(start, [auto, quick], H200)[0].fp8_kv_bandwidth_eff == 1.0
+    with pytest.raises(cal.ServebookError, match="auto and fp8"):
+        calibrate_kv_fp8.fit_fp8_kv_eff(start, [auto], H200)
+
+
+def test_shipped_fourth_and_fifth_stages_used_the_term_models_records():
+    """calibration.json's stage4 and stage5 name the e2e_issue39 records they fitted on with their current
+    sha256: DeepSeek-V2-Lite's job beside the fitted MoE's at the same flags, and the Llama-3.1-8B pair;
+    the split names those models for those terms, so their jobs count as fitted."""
+    from servebook.perf import calibrate_steps
+
+    shipped = json.loads(CALIBRATION_FILE.read_text())
+    folder = ROOT / "labs" / "results" / "e2e_issue39"
+    want = {"stage4": ["e2e_deepseek-v2-lite-mixed-uniform.json", "e2e_qwen3-30b-a3b-mixed-uniform.json"],
+            "stage5": ["e2e_llama-3.1-8b-longctx-fp8kv.json", "e2e_llama-3.1-8b-longctx.json"]}
+    for stage, names in want.items():
+        files = {s["file"]: s["sha256"] for s in shipped[stage]["sources"]}
+        expected = {str((folder / n).relative_to(ROOT)): hashlib.sha256((folder / n).read_bytes()).hexdigest()
+                    for n in names}
+        assert files == expected, "rerun python -m servebook.perf.calibrate"
+    c = shipped["coefficients"]["H200-SXM-141GB"]
+    assert shipped["stage4"]["report"]["H200-SXM-141GB"]["eager_mla_layer_s"] == c["eager_mla_layer_s"] > 0
+    assert shipped["stage5"]["report"]["H200-SXM-141GB"]["fp8_kv_bandwidth_eff"] == c["fp8_kv_bandwidth_eff"] < 1
+    terms = calibrate_steps.term_models()
+    assert terms == {"eager_mla_layer_s": ["deepseek-v2-lite"], "fp8_kv_bandwidth_eff": ["llama-3.1-8b"]}
+    assert calibrate_steps.fitted_models() == [*calibrate_steps.stage_two_models(), "deepseek-v2-lite"]

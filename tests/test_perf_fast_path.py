@@ -55,7 +55,7 @@ def _general_work(spec, tp, dtype, chunks, contexts):
     return work
 
 
-def _array_terms(spec, tp, cg, coeffs, works):
+def _array_terms(spec, tp, cg, coeffs, works, dtype="auto"):
     """step_seconds over numpy arrays of the works, built the way calibration builds its rows."""
     tokens = np.array([w.tokens for w in works], dtype=float)
     col = lambda name: np.array([getattr(w, name) for w in works], dtype=float)  # noqa: E731
@@ -69,7 +69,9 @@ def _array_terms(spec, tp, cg, coeffs, works):
                         expert_size=np.full(len(works), W.expert_gemm_size(spec, tp)),
                         layers=np.full(len(works), spec.num_layers),
                         moe_layers=np.full(len(works), len(spec.moe.moe_layer_indices) if spec.moe else 0),
-                        eager=tokens > cg, piecewise=tokens - col("sampled_tokens") >= 0.5)
+                        eager=tokens > cg, piecewise=tokens - col("sampled_tokens") >= 0.5,
+                        mla_layers=np.full(len(works), sum(1 for layer in spec.layers if layer.kind == "mla")),
+                        kv_dtype_bytes=W.kv_dtype_bytes(dtype))
 
 
 @pytest.mark.parametrize("model,tp,dtype,cg,coeffs", CASES, ids=[f"{m}-tp{t}-{d}-cg{g}" for m, t, d, g, _ in CASES])
@@ -78,9 +80,10 @@ def test_simulator_clock_equals_the_general_and_the_vectorised_step_time(model, 
     clock = PerfStepTime(spec, GPU, coeffs, tp=tp, kv_cache_dtype=dtype, cudagraph_max_tokens=cg)
     fast = [clock.step_s(chunks, contexts) for chunks, contexts in STEPS]
     works = [_general_work(spec, tp, dtype, chunks, contexts) for chunks, contexts in STEPS]
-    general = [step_time(spec, GPU, w, coeffs, tp=tp, cudagraph_max_tokens=cg).step_s for w in works]
+    general = [step_time(spec, GPU, w, coeffs, tp=tp, cudagraph_max_tokens=cg, kv_cache_dtype=dtype).step_s
+               for w in works]
     assert fast == pytest.approx(general, rel=1e-12)
-    arrays = _array_terms(spec, tp, cg, coeffs, works)
+    arrays = _array_terms(spec, tp, cg, coeffs, works, dtype)
     assert fast == pytest.approx(arrays["step_s"].tolist(), rel=1e-12)
     # The grid reaches both sides of every switch: eager and CUDA-graph steps, compute- and memory-bound.
     eager = [w.tokens > cg for w in works]
@@ -94,8 +97,8 @@ def test_simulator_clock_equals_the_general_and_the_vectorised_step_time(model, 
 def test_every_term_on_floats_equals_the_term_on_arrays(model, tp, dtype, cg, coeffs):
     spec = load_model_spec(model)
     works = [_general_work(spec, tp, dtype, chunks, contexts) for chunks, contexts in STEPS]
-    arrays = _array_terms(spec, tp, cg, coeffs, works)
-    pricer = StepPricer(spec, GPU, coeffs, tp=tp, cudagraph_max_tokens=cg)
+    arrays = _array_terms(spec, tp, cg, coeffs, works, dtype)
+    pricer = StepPricer(spec, GPU, coeffs, tp=tp, cudagraph_max_tokens=cg, kv_cache_dtype=dtype)
     for i, w in enumerate(works):
         floats = pricer.terms(*w.astuple())
         assert isinstance(floats["step_s"], float)  # the float path made no numpy call

@@ -25,10 +25,13 @@ GEMM efficiency (half rows, half width) to timings of vLLM's fused-MoE kernel al
 (``labs/results/moe_kernels``); this fit keeps those two and fits the expert peak itself. MoE step
 timings count only when the engine routed uniformly (:func:`routes_as_priced`).
 
-Two further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
+Four further stages keep every coefficient above and fit a few more on whole jobs of *fitted* model
 shapes only: :mod:`servebook.perf.calibrate_steps` the host terms of steps that do not replay one full
 CUDA graph (``labs/results/e2e``), :mod:`servebook.perf.calibrate_sliding` the sliding-window layers'
-KV efficiency (``labs/results/e2e_attention``).
+KV efficiency (``labs/results/e2e_attention``), :mod:`servebook.perf.calibrate_mla` the host time an MLA
+layer adds to an eager step and :mod:`servebook.perf.calibrate_kv_fp8` the fp8 KV cache's read efficiency
+(both ``labs/results/e2e_issue39``, on the models ``perf/data/e2e_split.json``'s ``term_models`` names).
+Every coefficient keeps the sign its kind allows (:data:`servebook.perf.model.COEFFICIENT_KINDS`).
 
 Run ``python -m servebook.perf.calibrate`` to refit and write
 ``servebook/perf/data/calibration.json``.
@@ -46,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from servebook.errors import ServebookError
-from servebook.perf import calibrate_experts, calibrate_sliding, calibrate_steps
+from servebook.perf import calibrate_experts, calibrate_kv_fp8, calibrate_mla, calibrate_sliding, calibrate_steps
 from servebook.records import checkout_root, results_path
 from servebook.model_spec import ModelSpec
 from servebook.perf.gpu import GPUNumbers, gpu_numbers
@@ -78,6 +81,8 @@ SPLIT_RULE = (
 DEFAULT_RESULTS_DIR = results_path("step_timing")
 DEFAULT_E2E_DIR = results_path("e2e")
 DEFAULT_ATTENTION_DIR = results_path("e2e_attention")
+#: End-to-end records the fourth (MLA) and fifth (fp8 KV) stages fit on.
+DEFAULT_TERMS_DIR = results_path("e2e_issue39")
 DEFAULT_KERNELS_DIR = calibrate_experts.DEFAULT_DIR
 
 
@@ -378,12 +383,13 @@ def _e2e_records(e2e_dir, split) -> tuple[list[dict], list[Path], list[str]]:
     if e2e_dir is None or not Path(e2e_dir).is_dir():
         return [], [], []
     paths = sorted(Path(e2e_dir).glob("e2e_*.json"))
-    return [json.loads(p.read_text()) for p in paths], paths, calibrate_steps.fitted_models(split)
+    return [json.loads(p.read_text()) for p in paths], paths, calibrate_steps.stage_two_models(split)
 
 
 def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path | None = DEFAULT_E2E_DIR,
               split: str | Path | None = None, attention_dir: str | Path | None = DEFAULT_ATTENTION_DIR,
-              kernels_dir: str | Path | None = DEFAULT_KERNELS_DIR) -> dict:
+              kernels_dir: str | Path | None = DEFAULT_KERNELS_DIR,
+              terms_dir: str | Path | None = DEFAULT_TERMS_DIR) -> dict:
     """Fit every GPU found under ``results_dir``; return the calibration record (not written).
 
     With end-to-end records under ``e2e_dir`` (None: none), the second stage
@@ -392,6 +398,9 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
     ``attention_dir`` (None: none), the third (:mod:`servebook.perf.calibrate_sliding`) fits the
     sliding-window layers' KV efficiency. With kernel timings under ``kernels_dir`` (None: none),
     stage zero (:mod:`servebook.perf.calibrate_experts`) first fixes the routed-expert GEMM efficiency.
+    With records under ``terms_dir`` (None: none), the fourth (:mod:`servebook.perf.calibrate_mla`) and
+    fifth (:mod:`servebook.perf.calibrate_kv_fp8`) stages fit the MLA layers' eager host time and the fp8
+    KV read's efficiency on the models ``split``'s ``term_models`` names for each.
     """
     root = Path(results_dir)
     files = sorted(root.glob("*.json")) if root.exists() else []
@@ -440,6 +449,18 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
                             "sources": calibrate_sliding.sources(att_paths, checkout_root()),
                             "rule": calibrate_sliding.__doc__.split("\n\n")[0], "report": {}}
 
+    term_docs, term_paths, _ = _e2e_records(terms_dir, split)
+    terms = calibrate_steps.term_models(split)
+    mla_docs, mla_refs = _mla_records(term_docs, terms.get("eager_mla_layer_s", []), fitted)
+    fp8_docs = [d for d in term_docs if calibrate_steps.fitted_shape(d, terms.get("fp8_kv_bandwidth_eff", []))]
+    for key, fits, module, used in (("stage4", calibrate_mla.FITTED, calibrate_mla, mla_docs + mla_refs),
+                                    ("stage5", calibrate_kv_fp8.FITTED, calibrate_kv_fp8, fp8_docs)):
+        if used:
+            paths = [p for p, d in zip(term_paths, term_docs) if any(d is u for u in used)]
+            record[key] = {"fits": list(fits), "split": str(split or calibrate_steps.SPLIT_PATH.name),
+                           "sources": calibrate_sliding.sources(paths, checkout_root()),
+                           "rule": module.__doc__.split("\n\n")[0], "report": {}}
+
     def on(docs, gpu_name):
         return [d for d in docs if catalogue_gpu_name((d.get("gpu") or {}).get("name", "")) == gpu_name]
 
@@ -451,11 +472,13 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
             fixed = stage0["coefficients"]
             record["stage0"]["report"][gpu_name] = {k: stage0[k] for k in ("coefficients", "nuisance", "report")}
         report = evaluate(pts, specs, gpu_name, e2e_docs=on(e2e_docs, gpu_name), fitted=fitted,
-                          attention_docs=on(att_docs, gpu_name), fixed=fixed)
+                          attention_docs=on(att_docs, gpu_name), fixed=fixed,
+                          mla_docs=(on(mla_docs, gpu_name), on(mla_refs, gpu_name)), fp8_docs=on(fp8_docs, gpu_name))
         if "stage2" in report:
             record["stage2"]["report"][gpu_name] = report["stage2"]
-        if "stage3" in report:
-            record["stage3"]["report"][gpu_name] = report["stage3"]
+        for key in ("stage3", "stage4", "stage5"):
+            if key in report:
+                record[key]["report"][gpu_name] = report[key]
         record["coefficients"][gpu_name] = report["coefficients"].to_dict()
         record["heldout_mape"][gpu_name] = report["heldout_mape"]
         record["calibration_mape"][gpu_name] = report["calibration_mape"]
@@ -464,7 +487,8 @@ def calibrate(results_dir: str | Path = DEFAULT_RESULTS_DIR, e2e_dir: str | Path
 
 def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs: list[dict] | None = None,
              fitted: list[str] | None = None, attention_docs: list[dict] | None = None,
-             fixed: dict | None = None) -> dict:
+             fixed: dict | None = None, mla_docs: tuple[list[dict], list[dict]] | None = None,
+             fp8_docs: list[dict] | None = None) -> dict:
     """Fit on the calibration points, then MAPE on calibration and held-out points, by phase and model.
 
     With ``e2e_docs`` holding steps of the ``fitted`` models, the second stage refits the host terms
@@ -481,6 +505,11 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs:
     stage3 = None
     if attention_docs:
         coeffs, stage3 = calibrate_sliding.fit_sliding_kv_eff(coeffs, attention_docs, g)
+    stage4 = stage5 = None
+    if mla_docs and mla_docs[0] and mla_docs[1]:
+        coeffs, stage4 = calibrate_mla.fit_eager_mla_layer(coeffs, mla_docs[0], mla_docs[1], g)
+    if fp8_docs:
+        coeffs, stage5 = calibrate_kv_fp8.fit_fp8_kv_eff(coeffs, fp8_docs, g)
 
     def errors(pts):
         if not pts:
@@ -511,7 +540,29 @@ def evaluate(points: list[Point], specs: dict[str, ModelSpec], gpu, *, e2e_docs:
         out["stage2"] = stage2
     if stage3:
         out["stage3"] = stage3
+    if stage4:
+        out["stage4"] = stage4
+    if stage5:
+        out["stage5"] = stage5
     return out
+
+
+def _mla_records(docs: list[dict], mla_models: list[str], fitted: list[str]) -> tuple[list[dict], list[dict]]:
+    """The fourth stage's records: jobs of the MLA models ``mla_models`` names, and as references the jobs of
+    the step model's own ``fitted`` MoE models at the same engine flags (both routed as the model prices them)."""
+    from servebook.hf_config import load_model_spec
+
+    def flags(d):
+        e = d["engine_args"]
+        return int(e["max_num_seqs"]), int(e["max_num_batched_tokens"]), int(e.get("tensor_parallel_size") or 1)
+
+    specs = {id(d): load_model_spec(d["config"], name=d["model_id"]) for d in docs}
+    mla = [d for d in docs if calibrate_steps.fitted_shape(d, mla_models) and calibrate_mla.has_mla(specs[id(d)])
+           and routes_as_priced(d, specs[id(d)])]
+    wanted = {flags(d) for d in mla}
+    refs = [d for d in docs if specs[id(d)].moe is not None and not calibrate_mla.has_mla(specs[id(d)])
+            and calibrate_steps.fitted_shape(d, fitted) and routes_as_priced(d, specs[id(d)]) and flags(d) in wanted]
+    return mla, refs
 
 
 def predict_points(points: list[Point], specs: dict[str, ModelSpec], gpu, coeffs: Coefficients) -> np.ndarray:
@@ -560,11 +611,14 @@ def main(argv=None) -> int:
                     help="directory of the sliding-window attention records (e2e_*.json) for the third stage")
     ap.add_argument("--kernels", default=str(DEFAULT_KERNELS_DIR),
                     help="directory of fused-MoE kernel timings (*.json) for stage zero")
+    ap.add_argument("--terms", default=str(DEFAULT_TERMS_DIR),
+                    help="directory of end-to-end records (e2e_*.json) for the fourth (MLA eager host time) and fifth "
+                         "(fp8 KV read) stages")
     ap.add_argument("--out", default=str(CALIBRATION_FILE), help="calibration record to write")
     ap.add_argument("--dry-run", action="store_true", help="print the summary, write nothing")
     args = ap.parse_args(argv)
     try:
-        record = calibrate(args.results, args.e2e, args.split, args.attention, args.kernels)
+        record = calibrate(args.results, args.e2e, args.split, args.attention, args.kernels, args.terms)
     except ServebookError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
         return 2

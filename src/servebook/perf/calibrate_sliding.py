@@ -41,7 +41,7 @@ def _decode_steps(doc: dict, gpu, coeffs):
     flags = doc["engine_args"]
     graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
                                  enforce_eager=bool(flags.get("enforce_eager")), architecture=spec.architecture)
-    pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph)
+    pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph, kv_cache_dtype=flags.get("kv_cache_dtype") or "auto")
     steps = [(decode_work(spec, decodes, ctx).astuple(), measured)
              for job in doc["jobs"] for chunks, decodes, ctx, measured in recorded_steps(job)
              if decodes and not chunks and measured > 0]

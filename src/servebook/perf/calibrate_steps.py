@@ -16,7 +16,7 @@ stage keeps every first-stage coefficient and fits just them, jointly to
 2. every step that carried a prefill chunk, or decoded more sequences than the largest CUDA graph
    holds (it runs eagerly), in the end-to-end jobs (``labs/results/e2e``) of the
    models the fleet model is *fitted* on (:func:`fitted_models`, ``perf/data/e2e_split.json``; any
-   record of their configs, :func:`fitted_shape`), where an MoE's tokens were routed uniformly as the
+   record of their configs, :func:`fitted_shape`; :func:`stage_two_models`), where an MoE's tokens were routed uniformly as the
    model prices them (:func:`fit_records`); the other models' jobs stay held out. A step's measured
    time is the interval from its scheduling to the next step's.
 
@@ -43,8 +43,8 @@ _START = {"eager_layer_s": 5e-4, "eager_moe_layer_s": 5e-4, "eager_sequence_s": 
 LOSS_SCALE = 0.1
 
 
-def fitted_models(path: str | Path | None = None) -> list[str]:
-    """The models whose end-to-end jobs the step model may be fitted on (the rest are held out)."""
+def stage_two_models(path: str | Path | None = None) -> list[str]:
+    """The models whose end-to-end jobs this (second) stage is fitted on: the split's ``fitted_on``."""
     where = Path(path or SPLIT_PATH)
     try:
         doc = json.loads(where.read_text())
@@ -71,6 +71,29 @@ def recorded_steps(job: dict):
         chunks = [(n, before, before + n >= prompt) for n, prompt, before in steps["prefills"][k]]
         if decodes or chunks:
             yield chunks, decodes, (ctx / decodes if decodes else 0.0), t[k + 1] - t[k]
+
+
+def term_models(path: str | Path | None = None) -> dict[str, list[str]]:
+    """``{coefficient: [model ids]}``: the later stages' terms and the models each was fitted on
+    (``term_models`` of the split file; empty when it names none)."""
+    where = Path(path or SPLIT_PATH)
+    try:
+        doc = json.loads(where.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServebookError(f"cannot read the fitted/held-out split {where}: {exc}") from None
+    terms = doc.get("term_models") or {}
+    if not isinstance(terms, dict) or not all(isinstance(v, list) for v in terms.values()):
+        raise ServebookError(f"{where}: 'term_models' must map a coefficient to a list of model ids")
+    return {k: list(v) for k, v in terms.items()}
+
+
+def fitted_models(path: str | Path | None = None) -> list[str]:
+    """Every model whose measurements shaped a term of the step model, so whose jobs are "fitted", never
+    held out: the second stage's (:func:`stage_two_models`) and each later term's (:func:`term_models`)."""
+    out = stage_two_models(path)
+    for models in term_models(path).values():
+        out += [m for m in models if m not in out]
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +158,8 @@ def _step_rows(docs: list[dict], fitted: list[str], gpu, coeffs):
         graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
                                      enforce_eager=bool(flags.get("enforce_eager")), architecture=spec.architecture)
         prefill = PrefillWork(spec)
-        pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph)
+        pricer = StepPricer(spec, gpu, coeffs, cudagraph_max_tokens=graph,
+                            kv_cache_dtype=flags.get("kv_cache_dtype") or "auto")
         for job in doc["jobs"]:
             for chunks, decodes, ctx, measured in recorded_steps(job):
                 if measured <= 0 or (not chunks and decodes <= graph):  # a full-graph decode step: stage one's

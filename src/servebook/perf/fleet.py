@@ -399,7 +399,7 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
         notes.append(f"steady-state steps carry {step_tokens:.0f} tokens, more than the largest CUDA graph "
                      f"({graph_max} tokens): they run eagerly (raise compilation_config.max_cudagraph_capture_size "
                      "or lower max_num_batched_tokens)")
-    pricer = StepPricer(spec, d.gpu, coeffs, tp=tp, cudagraph_max_tokens=graph_max)
+    pricer = StepPricer(spec, d.gpu, coeffs, tp=tp, cudagraph_max_tokens=graph_max, kv_cache_dtype=d.kv_cache_dtype)
     mixed = pricer.breakdown(decode + prefill)
     alone = pricer.breakdown(decode)
     decode_only = alone.step_s

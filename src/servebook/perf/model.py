@@ -12,7 +12,8 @@ kernel class, joined by a smooth maximum):
 ``                  linear_flops / (FLOPS x matmul_eff(tokens)))``
 ``      + smoothmax(kv_read_bytes / (BW x kv_eff), attention_flops / (FLOPS x attention_eff))``
 ``      + allreduces x (allreduce_latency_s + 2 (tp-1)/tp x bytes / link_bandwidth)``
-(sliding-window layers' share of the KV read goes at ``kv_eff x sliding_kv_bandwidth_eff``)
+(sliding-window layers' share of the KV read goes at ``kv_eff x sliding_kv_bandwidth_eff``; a 1-byte
+fp8 KV cache is read at ``kv_eff x fp8_kv_bandwidth_eff``)
 ``body_s`` depends on how vLLM runs the step (``cudagraph_mode`` FULL_AND_PIECEWISE, its default):
 
 * a decode-only step of at most ``cudagraph_max_tokens`` tokens replays one full CUDA graph:
@@ -23,7 +24,7 @@ kernel class, joined by a smooth maximum):
   ~250 decoding requests took ~22 ms where the decode-only steps beside them took ~12 ms);
 * a larger step runs eagerly, the host launching every kernel, and for small GPU work
   that launch time is the floor: ``body_s = smoothmax(gpu_s, eager_layer_s x layers +
-  eager_moe_layer_s x MoE layers + eager_sequence_s x sequences)`` (measured: Llama-3.1-8B steps of 513-2,048 tokens
+  eager_moe_layer_s x MoE layers + eager_mla_layer_s x MLA layers + eager_sequence_s x sequences)`` (measured: Llama-3.1-8B steps of 513-2,048 tokens
   all took ~40 ms; a Qwen3-30B-A3B prefill of 1,024-4,096 tokens the same ~85 ms).
 
 A step carries a prefill chunk when it computes more tokens than it samples
@@ -67,6 +68,7 @@ from servebook.perf.work import (
     decode_work,
     dense_weight_bytes_read,
     expert_gemm_size,
+    kv_dtype_bytes,
     prefill_work,
     prompt_chunks,
 )
@@ -104,6 +106,14 @@ class Coefficients:
             runs under piecewise CUDA graphs (attention launched eagerly), s.
         sliding_kv_bandwidth_eff: the KV bandwidth sliding-window layers reach, as a fraction of
             ``kv_bandwidth_eff`` (vLLM's sliding-window attention is slower per byte read); 1.0: the same.
+        fp8_kv_bandwidth_eff: the KV bandwidth a 1-byte (fp8) KV cache is read at, as a fraction of
+            ``kv_bandwidth_eff`` (the attention kernel converts every element it reads; measured on the
+            H200, half the bytes did not take half the time); 1.0: the same, never above it.
+        eager_mla_layer_s: extra host time per MLA attention layer in an eager step, s (beside
+            ``eager_layer_s``): vLLM's MLA layer runs two attention paths in Python, each a chain of
+            small ops (absorbed decode: W_UK and W_UV batched matmuls around the latent-attention kernel;
+            prefill: the kv_b_proj up-projection, splits and concatenations around varlen attention), so
+            an eager step launches more kernels per MLA layer than per GQA layer; >= 0.
         smoothmax_p: exponent of the smooth maximum joining bandwidth and compute limits.
         allreduce_latency_s: fixed cost of one TP all-reduce, s; None when no TP>1
             measurement calibrated it (then 0 is used and results say so).
@@ -135,6 +145,8 @@ class Coefficients:
     eager_sequence_s: float = 0.0
     piecewise_sequence_s: float = 0.0
     sliding_kv_bandwidth_eff: float = 1.0
+    fp8_kv_bandwidth_eff: float = 1.0
+    eager_mla_layer_s: float = 0.0
     gpu: str = ""
     source: str = ""
 
@@ -158,6 +170,40 @@ class Coefficients:
 
 #: The coefficients that are numbers (``gpu`` and ``source`` are text).
 _NUMERIC_COEFFICIENTS = frozenset(f.name for f in fields(Coefficients) if f.name not in ("gpu", "source"))
+
+#: What each numeric coefficient is, and so the values it may take: ``"efficiency"`` a fraction of a peak,
+#: in (0, 1]; ``"seconds"`` a cost added to a step or request, >= 0 (no term may make a step cheaper than its
+#: parts); ``"count"`` a half point (rows, tokens, elements), > 0; ``"exponent"`` the smooth maximum's p, >= 1
+#: (p = 1 adds the limits, larger p tends to their maximum; below 1 the step would cost more than their sum
+#: and the smooth maximum would not be one).
+COEFFICIENT_KINDS = {
+    "step_overhead_s": "seconds", "per_sequence_overhead_s": "seconds", "request_overhead_s": "seconds",
+    "per_layer_overhead_s": "seconds", "per_moe_layer_overhead_s": "seconds", "eager_layer_s": "seconds",
+    "eager_moe_layer_s": "seconds", "eager_mla_layer_s": "seconds", "eager_sequence_s": "seconds",
+    "piecewise_sequence_s": "seconds", "allreduce_latency_s": "seconds",
+    "weight_bandwidth_eff": "efficiency", "expert_bandwidth_eff": "efficiency", "kv_bandwidth_eff": "efficiency",
+    "matmul_peak_eff": "efficiency", "expert_matmul_peak_eff": "efficiency", "attention_eff": "efficiency",
+    "link_eff": "efficiency", "sliding_kv_bandwidth_eff": "efficiency", "fp8_kv_bandwidth_eff": "efficiency",
+    "matmul_half_tokens": "count", "expert_half_rows": "count", "expert_half_size": "count",
+    "smoothmax_p": "exponent",
+}
+
+
+def coefficient_problems(values: dict) -> list[str]:
+    """Each numeric coefficient in ``values`` outside what its kind allows (:data:`COEFFICIENT_KINDS`), as
+    ``"name = value (why)"``; None values (not calibrated) pass. Empty when every one is in range."""
+    bad = []
+    for name, value in values.items():
+        kind = COEFFICIENT_KINDS.get(name)
+        if kind is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        ok = {"efficiency": 0.0 < value <= 1.0, "seconds": value >= 0.0, "count": value > 0.0,
+              "exponent": value >= 1.0}[kind]
+        if not ok or value != value:
+            why = {"efficiency": "a fraction of a peak is in (0, 1]", "seconds": "a cost cannot be negative",
+                   "count": "a half point is > 0", "exponent": "the smooth maximum needs p >= 1"}[kind]
+            bad.append(f"{name} = {value:g} ({why})")
+    return bad
 
 
 def smoothmax(a, b, p: float):
@@ -200,13 +246,15 @@ class StepBreakdown:
 def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences,
                  linear_flops, kv_read_bytes, attention_flops, allreduces=0, allreduce_bytes_each=0.0,
                  tp: int = 1, expert_flops=0.0, expert_rows=1.0, expert_size=None, layers=0, moe_layers=0,
-                 eager=False, kv_read_bytes_sliding=0.0, piecewise=False) -> dict:
+                 eager=False, kv_read_bytes_sliding=0.0, piecewise=False, mla_layers=0, kv_dtype_bytes=2) -> dict:
     """Vectorised step-time formula (see module docstring) over arrays of per-GPU counts.
 
     Returns a dict of arrays: ``step_s`` and its terms ``overhead_s``, ``linear_s``,
     ``attention_s``, ``allreduce_s``, plus ``compute_bound`` (bool). ``eager``: the step runs
     without CUDA graphs; ``piecewise``: it carries a prefill chunk and replays piecewise graphs
-    (ignored where ``eager``); ``expert_size``: the routed experts' FFN width per GPU (elements), needed
+    (ignored where ``eager``); ``mla_layers``: MLA attention layers (their extra eager host time);
+    ``kv_dtype_bytes``: bytes per KV element (1: the KV read goes at ``fp8_kv_bandwidth_eff``);
+    ``expert_size``: the routed experts' FFN width per GPU (elements), needed
     for steps with expert FLOPs when ``c.expert_half_size`` is set. Needs numpy (calibration
     and sweeps use it); :class:`StepPricer` prices one step in floats without it.
     """
@@ -227,13 +275,15 @@ def step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, 
                          expert_size=np.asarray(expert_size, dtype=float), layers=np.asarray(layers, dtype=float),
                          moe_layers=np.asarray(moe_layers, dtype=float), eager=np.asarray(eager, dtype=bool),
                          piecewise=np.asarray(piecewise, dtype=bool),
-                         kv_read_bytes_sliding=np.asarray(kv_read_bytes_sliding, dtype=float))
+                         kv_read_bytes_sliding=np.asarray(kv_read_bytes_sliding, dtype=float),
+                         mla_layers=np.asarray(mla_layers, dtype=float),
+                         kv_dtype_bytes=np.asarray(kv_dtype_bytes, dtype=float))
 
 
 def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes, tokens, sequences, linear_flops,
                   kv_read_bytes, attention_flops, allreduces, allreduce_bytes_each, tp: int, expert_flops,
                   expert_rows, layers, moe_layers, eager, piecewise=False, kv_read_bytes_sliding=0.0,
-                  expert_size=0.0) -> dict:
+                  expert_size=0.0, mla_layers=0.0, kv_dtype_bytes=2.0) -> dict:
     """:func:`step_seconds` on float arrays, or on Python floats (then it returns floats).
 
     The one copy of the formula: :func:`step_seconds` gives it arrays, :class:`StepPricer`
@@ -254,7 +304,8 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     linear_s = _smoothmax(read_s, compute_s, c.smoothmax_p)
     # sliding-window layers read their share of the KV at their own (lower) efficiency: the extra time of
     # those bytes (exactly 0 when the efficiency is the full-attention one)
-    kv_bw = bw * c.kv_bandwidth_eff
+    # a 1-byte (fp8) KV cache is read at its own (lower or equal) efficiency
+    kv_bw = bw * c.kv_bandwidth_eff * where(kv_dtype_bytes == 1, c.fp8_kv_bandwidth_eff, 1.0)
     kv_s = kv_read_bytes / kv_bw + kv_read_bytes_sliding * (1.0 / (kv_bw * c.sliding_kv_bandwidth_eff) - 1.0 / kv_bw)
     attention_s = _smoothmax(kv_s, attention_flops / (flops * c.attention_eff), c.smoothmax_p)
     allreduce_s = 0.0 * tokens
@@ -268,7 +319,8 @@ def _step_seconds(g: GPUNumbers, c: Coefficients, *, weight_bytes, expert_bytes,
     overhead_s = (c.step_overhead_s + c.per_sequence_overhead_s * sequences
                   + c.per_layer_overhead_s * layers + c.per_moe_layer_overhead_s * moe_layers)
     gpu_s = linear_s + attention_s + allreduce_s
-    host_s = c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers + c.eager_sequence_s * sequences
+    host_s = (c.eager_layer_s * layers + c.eager_moe_layer_s * moe_layers + c.eager_mla_layer_s * mla_layers
+              + c.eager_sequence_s * sequences)
     # (a float step that is not eager skips the smooth maximum it would discard)
     body_s = gpu_s if eager is False else where(eager, _smoothmax(gpu_s, host_s, c.smoothmax_p), gpu_s)
     piece_s = c.piecewise_sequence_s * sequences
@@ -292,12 +344,13 @@ def _moe_layers(spec: ModelSpec) -> int:
 
 
 def step_time(spec: ModelSpec, gpu, work: Work, coeffs: Coefficients, *, tp: int = 1,
-              cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS) -> StepBreakdown:
+              cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS, kv_cache_dtype: str | int = "auto") -> StepBreakdown:
     """Seconds of one engine step whose content is ``work`` (per GPU of a TP group).
 
     Steps of more than ``cudagraph_max_tokens`` tokens run eagerly (see module docstring).
     """
-    return StepPricer(spec, gpu, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens).breakdown(work)
+    return StepPricer(spec, gpu, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens,
+                      kv_cache_dtype=kv_cache_dtype).breakdown(work)
 
 
 #: Weight schemes whose step time the model prices from bytes and FLOPs as for 16-bit weights: FP8 on its
@@ -339,7 +392,7 @@ class StepPricer:
     """
 
     def __init__(self, spec: ModelSpec, gpu, coeffs: Coefficients, *, tp: int = 1,
-                 cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS):
+                 cudagraph_max_tokens: int = DEFAULT_CUDAGRAPH_MAX_TOKENS, kv_cache_dtype: str | int = "auto"):
         self.spec = spec
         self.gpu = gpu_numbers(gpu)
         check_step_time_modelled(spec, getattr(self.gpu, "name", None) or getattr(gpu, "name", None))
@@ -351,6 +404,8 @@ class StepPricer:
         self.layers = float(spec.num_layers)
         self.moe_layers = float(_moe_layers(spec))
         self.expert_size = expert_gemm_size(spec, tp)
+        self.mla_layers = float(sum(1 for layer in spec.layers if layer.kind == "mla"))
+        self.kv_dtype_bytes = float(kv_dtype_bytes(kv_cache_dtype))
 
     def formula_args(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
                      expert_flops, kv_read_bytes_sliding=0.0) -> dict:
@@ -366,7 +421,8 @@ class StepPricer:
                     expert_size=self.expert_size,
                     layers=self.layers, moe_layers=self.moe_layers, eager=t > self.cudagraph_max_tokens,
                     piecewise=carries_prefill(t, float(sampled_tokens)),
-                    kv_read_bytes_sliding=float(kv_read_bytes_sliding))
+                    kv_read_bytes_sliding=float(kv_read_bytes_sliding), mla_layers=self.mla_layers,
+                    kv_dtype_bytes=self.kv_dtype_bytes)
 
     def terms(self, tokens, sequences, sampled_tokens, linear_flops, attention_flops, kv_read_bytes,
               expert_flops, kv_read_bytes_sliding=0.0) -> dict:
@@ -411,7 +467,8 @@ def decode_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, batch: int, conte
         raise ServebookError(f"decode batch must be >= 1 sequence, got {batch}")
     work = decode_work(spec, batch, context_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype,
                        query_tokens=query_tokens)
-    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens)
+    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens,
+                     kv_cache_dtype=kv_cache_dtype)
 
 
 def prefill_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, tokens: int, prior_tokens: int = 0,
@@ -420,7 +477,8 @@ def prefill_step(spec: ModelSpec, gpu, coeffs: Coefficients, *, tokens: int, pri
     """One step that prefills ``tokens`` prompt tokens of one request (after ``prior_tokens``)."""
     check_tp(spec, tp)
     work = prefill_work(spec, tokens, prior_tokens=prior_tokens, tp=tp, kv_cache_dtype=kv_cache_dtype)
-    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens)
+    return step_time(spec, gpu, work, coeffs, tp=tp, cudagraph_max_tokens=cudagraph_max_tokens,
+                     kv_cache_dtype=kv_cache_dtype)
 
 
 def prefill_request_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_tokens: int,
@@ -436,7 +494,7 @@ def prefill_request_s(spec: ModelSpec, gpu, coeffs: Coefficients, *, prompt_toke
     for i, (n, prior) in enumerate(chunks):
         work = prefill_work(spec, n, prior_tokens=prior, tp=tp, kv_cache_dtype=kv_cache_dtype,
                             last_chunk=i == len(chunks) - 1)
-        total += step_time(spec, gpu, work, coeffs, tp=tp).step_s
+        total += step_time(spec, gpu, work, coeffs, tp=tp, kv_cache_dtype=kv_cache_dtype).step_s
     return total + (coeffs.request_overhead_s if include_request_overhead else 0.0)
 
 
@@ -498,6 +556,10 @@ def load_calibration(path: str | Path | None = None) -> dict:
         if bad:
             raise ServebookError(f"calibration file {p}: coefficients for {gpu!r} are not numbers: "
                                  f"{', '.join(sorted(bad))}; {fix}")
+        out_of_range = coefficient_problems(entry)
+        if out_of_range:
+            raise ServebookError(f"calibration file {p}: coefficients for {gpu!r} out of range: "
+                                 f"{'; '.join(out_of_range)}; {fix}")
     return record
 
 

@@ -165,7 +165,8 @@ class PerfStepTime:
 
         object.__setattr__(self, "_prefill", PrefillWork(self.spec, tp=self.tp, kv_cache_dtype=self.kv_cache_dtype))
         object.__setattr__(self, "_pricer", StepPricer(self.spec, self.gpu, self.coeffs, tp=self.tp,
-                                                       cudagraph_max_tokens=self.cudagraph_max_tokens))
+                                                       cudagraph_max_tokens=self.cudagraph_max_tokens,
+                                                       kv_cache_dtype=self.kv_cache_dtype))
         return self._pricer
 
     def _decode_work(self, decode_contexts, context_total: int | None = None) -> list[float]:

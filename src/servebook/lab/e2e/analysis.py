@@ -372,13 +372,22 @@ def declared_rows(declaration: dict, docs: list[dict], *, gpu: str | None = None
     answer, the job with its ramp and drain (``error``: predicted / measured output tokens/s - 1); the
     steady state alone (``servebook fleet --steady-state``) is ``steady_error``. A declared job without
     its record gets ``recorded`` False and no errors: it is reported, never dropped.
+
+    ``group`` and ``strict_group`` are the groups now: a declaration is only ever appended to, and a job
+    declared held out whose model later shaped a term is named by an appended ``[[regrouped]]`` table
+    (``record``, ``job``, ``group``, ``strict_group``, ``why``); ``declared_group`` and
+    ``declared_strict_group`` keep what was declared before the run, ``regrouped_why`` says why.
     """
     by_record = {f"e2e_{d['model_id']}": d for d in docs}
+    regrouped = {(r["record"], r["job"]): r for r in declaration.get("regrouped", [])}
     rows, priced = [], {}
     for declared in declaration["job"]:
         doc = by_record.get(declared["record"])
+        now = regrouped.get((declared["record"], declared["job"]), declared)
         row = {"record": declared["record"], "model": declared["model"], "kind": declared.get("kind", ""),
-               "job": declared["job"], "group": declared["group"], "strict_group": declared["strict_group"],
+               "job": declared["job"], "group": now["group"], "strict_group": now["strict_group"],
+               "declared_group": declared["group"], "declared_strict_group": declared["strict_group"],
+               "regrouped_why": now.get("why") if now is not declared else None,
                "recorded": False, "error": None, "steady_error": None}
         if doc is not None:
             row["kv_cache_dtype"] = doc["engine_args"].get("kv_cache_dtype") or "auto"
@@ -394,6 +403,22 @@ def declared_rows(declaration: dict, docs: list[dict], *, gpu: str | None = None
     return rows
 
 
+def read_declaration(folder: str) -> tuple[dict, list[dict]]:
+    """``(declaration, records)`` of a results folder holding a ``heldout.toml``: the declaration read with
+    :mod:`tomllib` and the folder's end-to-end records (none yet: an empty list, every job then reported
+    as not recorded)."""
+    import tomllib
+
+    from servebook.records import e2e_results, results_path
+
+    declaration = tomllib.loads(results_path(folder, "heldout.toml").read_text())
+    try:
+        docs = e2e_results(folder=folder)
+    except FileNotFoundError:
+        docs = []
+    return declaration, docs
+
+
 def declared_summary(rows: list[dict], *, strict: bool = False, key: str = "error") -> dict:
     """``{"jobs", "median", "mae", "mean", "worst"}`` of ``key`` over the held-out rows of
     :func:`declared_rows` (``strict``: under the declaration's stricter reading), relative errors."""
@@ -404,3 +429,48 @@ def declared_summary(rows: list[dict], *, strict: bool = False, key: str = "erro
     return {"jobs": len(errs), "median": statistics.median(abs(e) for e in errs),
             "mae": statistics.fmean(abs(e) for e in errs), "mean": statistics.fmean(errs),
             "worst": max(errs, key=abs)}
+
+
+#: The step regimes :func:`step_regimes` sorts a job's steps into (vLLM 0.26.0's CUDA-graph rule: a step of
+#: at most the largest captured size replays a graph, full when it only decodes, piecewise when it carries a
+#: prefill chunk; a larger step runs eagerly).
+STEP_REGIMES = ("decode, graph", "decode, eager", "mixed, piecewise graph", "mixed, eager, prefill <= 8k",
+                "mixed, eager, prefill > 8k")
+
+
+def step_regimes(doc: dict, job: dict, *, gpu: str | None = None) -> dict[str, dict]:
+    """A job's recorded steps priced one by one (as :func:`priced_steps`), summed by regime
+    (:data:`STEP_REGIMES`): ``{regime: {"steps", "measured_s", "predicted_s", "error", "median_error"}}``
+    (``error``: predicted / measured seconds - 1 over the regime's steps; ``median_error``: the median
+    step's). Regimes without steps are left out; {} for a job without a step log."""
+    from servebook.hf_config import load_model_spec
+    from servebook.vllm_rules import cudagraph_max_tokens
+
+    steps = list(recorded_steps(job))
+    if not steps:
+        return {}
+    g, _ = _catalogue_gpu(doc, gpu)
+    model = _step_model(doc, g)
+    spec = load_model_spec(doc["config"], name=doc["model_id"])
+    flags = doc["engine_args"]
+    graph = cudagraph_max_tokens(int(flags["max_num_seqs"]), int(flags["max_num_batched_tokens"]),
+                                 enforce_eager=bool(flags.get("enforce_eager")), architecture=spec.architecture)
+    acc: dict[str, list] = {}
+    for chunks, decodes, mean_context, measured in steps:
+        prefill = sum(n for n, _, _ in chunks)
+        if not chunks:
+            regime = STEP_REGIMES[0] if decodes <= graph else STEP_REGIMES[1]
+        elif decodes + prefill <= graph:
+            regime = STEP_REGIMES[2]
+        else:
+            regime = STEP_REGIMES[3] if prefill <= 8192 else STEP_REGIMES[4]
+        predicted = model.step_s(chunks, [max(1, round(mean_context))] * decodes if decodes else [])
+        acc.setdefault(regime, []).append((measured, predicted))
+    out = {}
+    for regime in STEP_REGIMES:
+        if regime in acc:
+            pairs = acc[regime]
+            m, p = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+            out[regime] = {"steps": len(pairs), "measured_s": m, "predicted_s": p, "error": p / m - 1,
+                           "median_error": statistics.median(b / a - 1 for a, b in pairs if a > 0)}
+    return out
