@@ -1247,6 +1247,20 @@ def test_6_22_fp8_kv_is_faster_at_every_tp_size_and_tp2_fp8_wins(ten_million):
     assert (best_tp, best_kv) == (2, "fp8"), "6.22 'The fastest layout of Gemma 4 26B-A4B is TP 2 with an fp8 KV cache'"
 
 
+def test_6_22_the_plan_lies_outside_what_was_measured_in_three_ways(ten_million):
+    from servebook.perf.error_bands import Query, assess
+
+    moe, _, options = ten_million
+    (best_tp, best_kv), _ = min(options.items(), key=lambda kv_p: kv_p[1].hours)
+    a = assess(Query("job", moe, "H100-SXM-80GB", tp=best_tp, context_tokens=15_000, kv_cache_dtype=best_kv))
+    assert not a["covers_query"], "6.22 'servebook fleet prints no error band for this plan'"
+    assert len(a["outside"]) == 3 and [any(w in r for r in a["outside"]) for w in ("H100", "TP 2", "fp8")] == [True] * 3, \
+        "6.22 'outside what was measured in three ways (another GPU, TP above 1 for an MoE model, an fp8 KV cache ...)'"
+    assert a["kind"] == "MoE" and all("MoE" in r for r in a["outside"][1:]), "6.22 '... for an MoE model'"
+    near = assess(Query("job", moe, "H200-SXM-141GB", tp=1, context_tokens=15_000))
+    assert near["covers_query"] and near["band"]["count"] >= 3, "6.22 'the nearest measured regime, MoE jobs on one H200 at TP 1'"
+
+
 def test_6_22_a_tp2_replica_holds_more_than_linearly_more_kv(ten_million):
     _, _, options = ten_million
     kv1, kv2 = (options[(tp, "fp8")].kv_budget_bytes_per_gpu for tp in (1, 2))

@@ -50,3 +50,23 @@ def test_a_negative_price_is_refused():
     with pytest.raises(ServebookError, match="price per GPU-hour"):
         worksheet("llama-3.1-8b", gpu="H200", tp=1, replicas=1, rate_per_s=1.0, prompt_tokens=100,
                   output_tokens=10, price_per_gpu_hour=-1.0)
+
+
+def test_the_worked_example_is_what_tune_picks():
+    """6.20 shows the worked example as the pick of its latency-target search: the layout named in
+    data/worked_example.toml must be the one servebook tune picks for that workload and those targets."""
+    from servebook.simulator.tune import LatencyTargets, tune
+    from servebook.simulator.worksheet import example_parameters, worked_example
+
+    p = example_parameters()
+    workload = OnlineWorkload(p["rate_per_s"], p["prompt_tokens"], p["output_tokens"], range_ratio=p["range_ratio"])
+    result = tune(p["model"], gpu=p["gpu"], max_gpus=p["max_gpus"], workload=workload,
+                  targets=LatencyTargets(ttft_s=p["ttft_target_s"], tpot_s=p["tpot_target_s"],
+                                         percentile=p["percentile"]))
+    best = result.best
+    assert best is not None and best.changed_flags == ()
+    assert (best.plan.tp, best.replicas, best.plan.kv_cache_dtype) == (p["tp"], p["replicas"], p["kv_cache_dtype"])
+    w = worked_example()
+    assert w.tpot_s[90] == pytest.approx(best.prediction.tpot_s[90])
+    assert w.output_tokens_per_s_per_gpu == pytest.approx(best.output_tokens_per_s_per_gpu)
+    assert w.serve_command == best.serve_command()
