@@ -20,11 +20,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from servebook.errors import ServebookError
+from servebook.perf.calibrate_steps import measured_over_priced
 
 #: The coefficient this stage fits.
 FITTED = ("fp8_kv_bandwidth_eff",)
-#: A step that took more than this many times its price paid something once (left out of the ratios).
-STALL = 5.0
 #: Its search interval (a fraction of ``kv_bandwidth_eff``).
 BOUNDS = (0.05, 1.0)
 
@@ -66,20 +65,6 @@ def pairs(docs: list[dict]) -> tuple[list[dict], list[dict]]:
             [d for d in docs if is_fp8(d) and d.get("config_sha256") in shas])
 
 
-def _ratio(groups, c) -> float:
-    """Measured over priced seconds, summed over the steps of ``groups`` priced with ``c``; a step that took
-    more than :data:`STALL` times its price (a one-time kernel compilation, a stall) is left out."""
-    measured = priced = 0.0
-    for pricer, steps in groups:
-        pricer.coeffs = c
-        for w, m in steps:
-            p = pricer.step_s(*w)
-            if m <= STALL * p:
-                measured += m
-                priced += p
-    return measured / priced
-
-
 def fit_fp8_kv_eff(coeffs, docs: list[dict], gpu) -> tuple:
     """``coeffs`` with ``fp8_kv_bandwidth_eff`` fitted on ``docs`` (see the module docstring).
 
@@ -96,21 +81,21 @@ def fit_fp8_kv_eff(coeffs, docs: list[dict], gpu) -> tuple:
     base = replace(coeffs, fp8_kv_bandwidth_eff=1.0)
     full = [decode_steps(d, g, base) for d in auto_docs]
     fp8 = [decode_steps(d, g, base) for d in fp8_docs]
-    target = _ratio(full, base)
-    before = _ratio(fp8, base)
+    target = measured_over_priced(full, base)
+    before = measured_over_priced(fp8, base)
     lo, hi = BOUNDS
     if before <= target:  # an fp8 byte reads as fast as a 16-bit one
         eff = 1.0
     else:
         for _ in range(60):
             mid = 0.5 * (lo + hi)
-            if _ratio(fp8, replace(base, fp8_kv_bandwidth_eff=mid)) > target:
+            if measured_over_priced(fp8, replace(base, fp8_kv_bandwidth_eff=mid)) > target:
                 hi = mid
             else:
                 lo = mid
         eff = 0.5 * (lo + hi)
     fitted = replace(coeffs, fp8_kv_bandwidth_eff=eff)
-    report = {"auto_ratio": target, "fp8_ratio_before": before, "fp8_ratio_after": _ratio(fp8, fitted),
+    report = {"auto_ratio": target, "fp8_ratio_before": before, "fp8_ratio_after": measured_over_priced(fp8, fitted),
               "decode_steps": {"auto": sum(len(s) for _, s in full), "fp8": sum(len(s) for _, s in fp8)},
               "models": sorted({d["model_id"] for d in auto_docs + fp8_docs}), "fp8_kv_bandwidth_eff": eff}
     return fitted, report

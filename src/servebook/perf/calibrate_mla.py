@@ -24,11 +24,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from servebook.errors import ServebookError
+from servebook.perf.calibrate_steps import measured_over_priced
 
 #: The coefficient this stage fits.
 FITTED = ("eager_mla_layer_s",)
-#: A step that took more than this many times its price paid something once (left out of the ratios).
-STALL = 5.0
 #: Its search interval, s per MLA layer (0: MLA layers cost no more than GQA ones).
 BOUNDS = (0.0, 0.01)
 
@@ -66,20 +65,6 @@ def has_mla(spec) -> bool:
     return any(layer.kind == "mla" for layer in spec.layers)
 
 
-def _ratio(groups, c) -> float:
-    """Measured over priced seconds, summed over the steps of ``groups`` priced with ``c``; a step that took
-    more than :data:`STALL` times its price (a one-time kernel compilation, a stall) is left out."""
-    measured = priced = 0.0
-    for pricer, steps in groups:
-        pricer.coeffs = c
-        for w, m in steps:
-            p = pricer.step_s(*w)
-            if m <= STALL * p:
-                measured += m
-                priced += p
-    return measured / priced
-
-
 def fit_eager_mla_layer(coeffs, mla_docs: list[dict], reference_docs: list[dict], gpu) -> tuple:
     """``coeffs`` with ``eager_mla_layer_s`` fitted (see the module docstring); returns ``(coefficients, report)``.
 
@@ -97,24 +82,25 @@ def fit_eager_mla_layer(coeffs, mla_docs: list[dict], reference_docs: list[dict]
                              f"same engine flags; got {[d['model_id'] for d in mla_docs + reference_docs]}")
     if any(not has_mla(p.spec) for p, _ in mla) or any(has_mla(p.spec) for p, _ in ref):
         raise ServebookError("the MLA stage's records are mixed up: MLA records must be MLA models, references not")
-    target = _ratio(ref, base)
-    before = _ratio(mla, base)
+    target = measured_over_priced(ref, base)
+    before = measured_over_priced(mla, base)
     lo, hi = BOUNDS
     if before <= target:  # MLA layers cost nothing extra
         value = 0.0
     else:  # the MLA job's ratio falls as the term grows (its eager steps are priced longer): bisect
-        if _ratio(mla, replace(base, eager_mla_layer_s=hi)) > target:
+        if measured_over_priced(mla, replace(base, eager_mla_layer_s=hi)) > target:
             raise ServebookError(f"eager_mla_layer_s would exceed {hi} s per layer; the MLA records are not "
                                  "explained by host time")
         for _ in range(60):
             mid = 0.5 * (lo + hi)
-            if _ratio(mla, replace(base, eager_mla_layer_s=mid)) > target:
+            if measured_over_priced(mla, replace(base, eager_mla_layer_s=mid)) > target:
                 lo = mid
             else:
                 hi = mid
         value = 0.5 * (lo + hi)
     fitted = replace(coeffs, eager_mla_layer_s=value)
-    report = {"reference_ratio": target, "mla_ratio_before": before, "mla_ratio_after": _ratio(mla, fitted),
+    report = {"reference_ratio": target, "mla_ratio_before": before,
+              "mla_ratio_after": measured_over_priced(mla, fitted),
               "eager_steps": {"mla": sum(len(s) for _, s in mla), "reference": sum(len(s) for _, s in ref)},
               "mla_models": sorted({d["model_id"] for d in mla_docs}),
               "reference_models": sorted({d["model_id"] for d in reference_docs}),

@@ -243,3 +243,22 @@ def fit_host_terms(coeffs, sweep_features, docs: list[dict], fitted: list[str], 
               "median_log_error_before": median_log_error(coeffs), "median_log_error_after": median_log_error(fitted_coeffs),
               "loss": f"soft_l1 on log error, scale {LOSS_SCALE}; each set weighs alike"}
     return fitted_coeffs, report
+
+
+#: A step that took more than this many times its price paid something once (a one-time kernel
+#: compilation, a stall): the ratio fits of calibrate_mla and calibrate_kv_fp8 leave it out.
+STALL = 5.0
+
+
+def measured_over_priced(groups, coeffs) -> float:
+    """Measured over priced seconds, summed over the steps of ``groups`` (``(pricer, [(work, measured_s)])``
+    pairs) priced with ``coeffs``; a step that took more than :data:`STALL` times its price is left out."""
+    measured = priced = 0.0
+    for pricer, steps in groups:
+        pricer.coeffs = coeffs
+        for w, m in steps:
+            p = pricer.step_s(*w)
+            if m <= STALL * p:
+                measured += m
+                priced += p
+    return measured / priced
