@@ -69,3 +69,56 @@ def test_cli_reports_the_job_with_its_ramp_and_drain_by_default_and_refuses_spec
     assert bad.returncode != 0 and "--finite-job" in bad.stderr
     spec_ok = subprocess.run(base + ["--spec-k", "2", "--spec-alpha", "0.7"], capture_output=True, text=True)
     assert spec_ok.returncode == 0 and "steady state only" in spec_ok.stdout
+
+
+def test_a_jobs_lengths_are_its_n_quantiles_so_the_longest_is_the_expected_longest_of_n_draws():
+    import random
+    import statistics
+
+    dist = LengthDistribution.lognormal(600, 0.5)          # what fleet builds from --output-tokens/--output-cv
+    lengths = dist.job_lengths(192)
+    assert len(lengths) == 192 and lengths == sorted(lengths)
+    assert statistics.fmean(lengths) == pytest.approx(600, rel=0.01)
+    # the expected longest of 192 lognormal draws, by simulation (seeded)
+    import math
+
+    rng = random.Random(7)
+    sigma = math.sqrt(math.log1p(0.25))
+    mu = math.log(600) - sigma * sigma / 2
+    expected_max = statistics.fmean(max(rng.lognormvariate(mu, sigma) for _ in range(192)) for _ in range(3000))
+    assert lengths[-1] == pytest.approx(expected_max, rel=0.05)
+    # the steady state's 64 quantiles would cut it by more than 10%
+    assert max(dist.samples) < 0.9 * expected_max
+    # given samples are cycled, not re-drawn
+    given = LengthDistribution.from_samples([5, 7, 9])
+    assert given.job_lengths(5) == [5.0, 7.0, 9.0, 5.0, 7.0]
+    with pytest.raises(Exception, match="at least 1 request"):
+        dist.job_lengths(0)
+
+
+def test_the_default_answer_is_the_mean_wall_time_over_random_draws_of_the_job(setup):
+    """The typed answer (n quantiles) against the replay of random draws of the same job: unbiased,
+    where the steady state's 64 quantiles priced a drain-bound job several per cent fast."""
+    import random
+    import statistics
+
+    from servebook.lab.e2e.plan import lognormal_lengths
+
+    d, coeffs = setup
+    n = 128                       # two batches of 64: the drain is a large share of the job
+    typed = finite_job_seconds(_work_typed(n), d, coeffs)["seconds"]
+    draws = []
+    for seed in range(16):
+        ins = lognormal_lengths(n, 300, 0.5, 100 + 2 * seed)
+        outs = lognormal_lengths(n, 400, 0.5, 101 + 2 * seed)
+        w = Workload(n, LengthDistribution.from_samples(ins), LengthDistribution.from_samples(outs))
+        draws.append(finite_job_seconds(w, d, coeffs)["seconds"])
+    mean = statistics.fmean(draws)
+    assert typed == pytest.approx(mean, rel=0.04)
+    cut = Workload(n, LengthDistribution(_work_typed(n).input_tokens.samples),
+                   LengthDistribution(_work_typed(n).output_tokens.samples))   # 64 quantiles, no job draw
+    assert finite_job_seconds(cut, d, coeffs)["seconds"] < typed
+
+
+def _work_typed(n):
+    return Workload(n, LengthDistribution.lognormal(300, 0.5), LengthDistribution.lognormal(400, 0.5))

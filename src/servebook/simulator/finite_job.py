@@ -7,8 +7,9 @@ batch, and each step still costs nearly a full one (the weights are read whateve
 compares fleet and this replay with the jobs recorded on an H200.
 
 :func:`finite_job_seconds` replays ``n = min(requests per replica, REPLAY_BATCHES x batch)``
-requests (lengths cycled through the workload's samples in a fixed shuffled order, all submitted
-at once) and adds what the replay took beyond the steady state's charge for those ``n`` requests
+requests (lengths from :meth:`~servebook.perf.fleet.LengthDistribution.job_lengths`: a lognormal's ``n``
+quantiles, so the longest request is as long as the longest of ``n`` draws is expected to be; in a
+fixed shuffled order, all submitted at once) and adds what the replay took beyond the steady state's charge for those ``n`` requests
 to fleet's time: the ramp and the drain cost the same whether the job has ``n`` requests or a
 million. A job of at most ``n`` requests is the replay itself.
 
@@ -18,21 +19,32 @@ from the deployment's :class:`~servebook.plan.Plan` (:func:`~servebook.simulator
 """
 from __future__ import annotations
 
-import random
-
 #: Requests replayed: this many times fleet's batch (the ramp and the drain are done by then).
 REPLAY_BATCHES = 4
+
+
+_GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def _spread(sorted_lengths: list, *, offset: float) -> list:
+    """``sorted_lengths`` in submission order: the request at position ``k`` gets the length of rank
+    ``frac(offset + k x 0.618...) x n`` (a golden-ratio sequence), so every stretch of the job holds a
+    representative spread of short and long requests, as random draws do on average, without one
+    random shuffle's luck (which long requests land in the last wave) deciding a multi-wave job's drain.
+    Prompt and output lengths use different offsets so that they are not paired rank for rank."""
+    n = len(sorted_lengths)
+    ranks = sorted(range(n), key=lambda k: (offset + k * _GOLDEN) % 1.0)
+    out = [0.0] * n
+    for rank, position in enumerate(ranks):
+        out[position] = sorted_lengths[rank]
+    return out
 
 
 def _replay_requests(workload, n: int):
     from servebook.simulator.workload import RequestSpec
 
-    ins, outs = list(workload.input_tokens.samples), list(workload.output_tokens.samples)
-    rng = random.Random(0)
-    order_in = [ins[i % len(ins)] for i in range(n)]
-    order_out = [outs[i % len(outs)] for i in range(n)]
-    rng.shuffle(order_in)
-    rng.shuffle(order_out)
+    order_in = _spread(workload.input_tokens.job_lengths(n), offset=0.0)
+    order_out = _spread(workload.output_tokens.job_lengths(n), offset=0.5)
     return [RequestSpec(f"r{i}", max(1, round(a)), max(1, round(b))) for i, (a, b) in enumerate(zip(order_in, order_out))]
 
 

@@ -165,10 +165,10 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     """``servebook fleet --finite-job`` for the job: fleet's steady state plus the simulated ramp and drain.
 
-    The lengths enter as 64 quantiles each, as in :func:`servebook.lab.e2e.plan.predict`.
+    The job's own lengths enter, all of them, as in :func:`servebook.lab.e2e.plan.predict` (64 quantiles
+    of them, as before 2026-12-03, left out the job's longest requests, which set its drain).
     """
     from servebook.hf_config import load_model_spec
-    from servebook.lab.e2e.plan import _quantiles
     from servebook.simulator.finite_job import finite_job_seconds
     from servebook.perf.fleet import Deployment, LengthDistribution, Workload
     from servebook.perf.gpu import gpu_numbers
@@ -178,14 +178,23 @@ def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     numbers = gpu_numbers(g)
     coeffs, _ = calibrated_coefficients(numbers.name)
     flags, cols = doc["engine_args"], job["request_columns"]
-    work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(_quantiles(cols["prompt_tokens"])),
-                    LengthDistribution.from_samples(_quantiles(cols["output_tokens"])))
+    work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(cols["prompt_tokens"]),
+                    LengthDistribution.from_samples(cols["output_tokens"]))
     d = Deployment.of(load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1, name=doc["model_id"],
                       max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
                       gpu_memory_utilization=float(flags["gpu_memory_utilization"]),
                       kv_cache_dtype=flags.get("kv_cache_dtype") or "auto",
-                      max_model_len=int(flags["max_model_len"]) if flags.get("max_model_len") else None)
+                      max_model_len=_paired_limit(flags, cols))
     return finite_job_seconds(work, d, coeffs)
+
+
+def _paired_limit(flags: dict, cols: dict) -> int | None:
+    """The engine's ``max_model_len``, raised to the longest prompt plus the longest output of the job
+    when fleet's independent lengths pair them (the job itself shortened each prompt to fit its own
+    output, so no real request was longer than the engine's limit)."""
+    if not flags.get("max_model_len"):
+        return None
+    return max(int(flags["max_model_len"]), max(cols["prompt_tokens"]) + max(cols["output_tokens"]))
 
 
 def _step_model(doc: dict, gpu: str):
