@@ -59,6 +59,54 @@ def test_the_page_assert_check_sees_asserts_in_hidden_cells_only_in_code_cells()
     assert _asserts(page.replace("assert x == 1", "glue('x', x)")) == []
 
 
+#: Words about how the book is built and checked, not about serving: they belong in a page's "Run it yourself"
+#: paragraph (or admonition), on lab and results pages, or in the appendix, not in a chapter page's argument.
+_WORKSHOP = re.compile(r"\bCI\b|\bdrift tests?\b|\bengine tests?\b|\btests/|\bsrc/servebook\b|\brepository\b|\blent\b",
+                       re.I)
+_FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[^}]*\})?\s*(.*)$")
+
+
+def _workshop_talk(text: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each chapter-prose line naming CI, tests, the repository or a lent GPU, outside code
+    blocks and cells and outside "Run it yourself" paragraphs and admonitions."""
+    found, fences, skip_paragraph = [], [], False
+    for n, line in enumerate(text.split("\n"), 1):
+        m = _FENCE.match(line.strip())
+        if m:
+            if fences and m.group(1) == fences[-1][0] and not m.group(2) and not m.group(3):
+                fences.pop()
+                continue
+            directive, title = (m.group(2) or ""), m.group(3)
+            code = not directive or directive in ("{code-cell}", "{code-block}", "{code}")
+            fences.append((m.group(1), code or "run it yourself" in title.lower()))
+            continue
+        if any(hidden for _, hidden in fences):
+            continue
+        if not line.strip():
+            skip_paragraph = False
+            continue
+        if line.lstrip().lower().startswith("**run it yourself"):
+            skip_paragraph = True
+        if not skip_paragraph and _WORKSHOP.search(line):
+            found.append((n, line.strip()))
+    return found
+
+
+@pytest.mark.parametrize("page", sorted(BOOK.glob("06-*.md")), ids=lambda p: p.name)
+def test_chapter_prose_speaks_of_serving_not_of_the_books_workshop(page):
+    found = _workshop_talk(page.read_text())
+    assert not found, (f"book/{page.name}: chapter prose names CI, tests, the repository or a lent GPU at "
+                       f"{found}; say what was checked ('checked against vLLM 0.32.0's source') or move the "
+                       "remark to the page's 'Run it yourself' paragraph, a lab page or the appendix")
+
+
+def test_the_workshop_check_reads_prose_only():
+    page = ("# x\n\nThe drift test checks it.\n\n```{code-cell} ipython3\n# the drift test parses this\n```\n\n"
+            "```{admonition} Run it yourself\nSee tests/engine.\n```\n\n```{admonition} Note\nCI ran it.\n```\n\n"
+            "**Run it yourself.** `pytest tests/engine`\nin the repository.\n\nOn the lent GPU.\n")
+    assert [n for n, _ in _workshop_talk(page)] == [3, 14, 20]
+
+
 @pytest.fixture(scope="module")
 def qwen32_h200() -> StepTimes:
     """labs/results/step_timing/qwen3-32b.json: the H200 step timings pages 6.1, 6.4, 6.10, 6.11 quote."""
