@@ -1400,6 +1400,40 @@ def test_6_22_replicas_share_nothing(ten_million):
         "6.22 'Scaling out: eight times the GPUs, an eighth of the hours, the same GPU-hours'"
 
 
+def test_6_22_the_worked_example_fed_a_queue_runs_more_and_costs_less(ten_million):
+    """6.22 'Against the chapter's worked example': the same engine and flags given a queue instead of the offered
+    rate keeps more requests running than the service does, makes more tokens/s per GPU and so costs less per
+    million; the service's batch is set by its rate, not by its KV cache."""
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+    from servebook.simulator.online import OnlineWorkload
+    from servebook.simulator.tune import default_max_model_len
+    from servebook.simulator.worksheet import example_parameters, worked_example
+
+    moe, _, options = ten_million
+    ex, p = worked_example(), example_parameters()
+    assert (ex.model, ex.gpu.split("-")[0], ex.tp) == (moe.name, "H200", options[(2, "fp8")].tp), \
+        "6.22 'the same Gemma 4 26B-A4B ... H200s at TP 2' (the page's best layout is TP 2 too)"
+    gpu = gpu_numbers(ex.gpu)
+    requests = 10_000_000
+    job = Workload(requests, LengthDistribution.fixed(p["prompt_tokens"]), LengthDistribution.fixed(p["output_tokens"]))
+    length = default_max_model_len(OnlineWorkload(p["rate_per_s"], p["prompt_tokens"], p["output_tokens"],
+                                                  range_ratio=p["range_ratio"]))
+    queue = plan(job, Deployment.of(moe, gpu=gpu, gpus=ex.gpus, tp=ex.tp, kv_cache_dtype=ex.kv_cache_dtype,
+                                    max_num_seqs=ex.max_num_seqs, max_num_batched_tokens=ex.max_num_batched_tokens,
+                                    max_model_len=length, price_per_gpu_hour=p["assumed_price_per_gpu_hour_usd"]),
+                 calibrated_coefficients(gpu.name)[0])
+    # the service runs what its rate brings, well below what its cache could run
+    assert ex.running_at_rate < ex.full_length_running / 2, "6.22 'the offered rate, not the KV cache, sets how many run'"
+    assert queue.batch > 2 * ex.running_at_rate, "6.22 'keeps N of them running instead of about M'"
+    tps = queue.output_tokens_per_s / ex.gpus
+    per_million = queue.cost / (requests * p["output_tokens"]) * 1e6
+    # the cost per million is the GPU-hour price over the tokens an hour makes, for either
+    assert per_million == pytest.approx(p["assumed_price_per_gpu_hour_usd"] / (tps * 3600) * 1e6, rel=1e-9)
+    assert tps > ex.output_tokens_per_s_per_gpu and per_million < ex.cost_per_million_output_tokens, \
+        "6.22 'USD x per million, N x less'"
+
+
 def test_6_22_the_link_efficiency_is_fitted_at_one_tp_size():
     from servebook.perf.model import load_calibration
 
