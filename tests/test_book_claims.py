@@ -256,6 +256,21 @@ def test_index_names_the_gpus_the_labs_ran_on():
     assert all(v == {1} for k, v in by_lab.items() if k not in lab9), f"index.md 'one GPU per lab': {by_lab}"
 
 
+def test_the_footer_names_the_pinned_and_the_gpu_labs_releases():
+    """_config.yml's footer, on every page: 'Pinned engine: vLLM X. Recorded GPU results: vLLM Y on NVIDIA H200
+    (one GPU; two for Lab 9).' X and Y are the library's releases (the GPU count is
+    test_index_names_the_gpus_the_labs_ran_on's)."""
+    import yaml
+
+    from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM
+
+    footer = yaml.safe_load((ROOT / "_config.yml").read_text())["html"]["extra_footer"]
+    found = re.fullmatch(r"Pinned engine: vLLM (\S+)\. Recorded GPU results: vLLM (\S+) on NVIDIA H200 "
+                         r"\(one GPU; two for Lab 9\)\.", footer)
+    assert found, f"_config.yml extra_footer changed its wording: {footer!r}"
+    assert found.groups() == (PINNED_VLLM, GPU_LAB_VLLM), f"_config.yml extra_footer: {footer!r}"
+
+
 def test_glued_names_read_from_an_executed_page_equal_the_in_process_run(tmp_path):
     """The two ways glued_names_of learns what a page glues agree: the executed copy's outputs
     (tests/built_book.py, what the book build stored) and the in-process run of the page's code."""

@@ -59,6 +59,54 @@ def test_the_page_assert_check_sees_asserts_in_hidden_cells_only_in_code_cells()
     assert _asserts(page.replace("assert x == 1", "glue('x', x)")) == []
 
 
+#: Words about how the book is built and checked, not about serving: they belong in a page's "Run it yourself"
+#: paragraph (or admonition), on lab and results pages, or in the appendix, not in a chapter page's argument.
+_WORKSHOP = re.compile(r"\bCI\b|\bdrift tests?\b|\bengine tests?\b|\btests/|\bsrc/servebook\b|\brepository\b|\blent\b",
+                       re.I)
+_FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[^}]*\})?\s*(.*)$")
+
+
+def _workshop_talk(text: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each chapter-prose line naming CI, tests, the repository or a lent GPU, outside code
+    blocks and cells and outside "Run it yourself" paragraphs and admonitions."""
+    found, fences, skip_paragraph = [], [], False
+    for n, line in enumerate(text.split("\n"), 1):
+        m = _FENCE.match(line.strip())
+        if m:
+            if fences and m.group(1) == fences[-1][0] and not m.group(2) and not m.group(3):
+                fences.pop()
+                continue
+            directive, title = (m.group(2) or ""), m.group(3)
+            code = not directive or directive in ("{code-cell}", "{code-block}", "{code}")
+            fences.append((m.group(1), code or "run it yourself" in title.lower()))
+            continue
+        if any(hidden for _, hidden in fences):
+            continue
+        if not line.strip():
+            skip_paragraph = False
+            continue
+        if line.lstrip().lower().startswith("**run it yourself"):
+            skip_paragraph = True
+        if not skip_paragraph and _WORKSHOP.search(line):
+            found.append((n, line.strip()))
+    return found
+
+
+@pytest.mark.parametrize("page", sorted(BOOK.glob("06-*.md")), ids=lambda p: p.name)
+def test_chapter_prose_speaks_of_serving_not_of_the_books_workshop(page):
+    found = _workshop_talk(page.read_text())
+    assert not found, (f"book/{page.name}: chapter prose names CI, tests, the repository or a lent GPU at "
+                       f"{found}; say what was checked ('checked against vLLM 0.32.0's source') or move the "
+                       "remark to the page's 'Run it yourself' paragraph, a lab page or the appendix")
+
+
+def test_the_workshop_check_reads_prose_only():
+    page = ("# x\n\nThe drift test checks it.\n\n```{code-cell} ipython3\n# the drift test parses this\n```\n\n"
+            "```{admonition} Run it yourself\nSee tests/engine.\n```\n\n```{admonition} Note\nCI ran it.\n```\n\n"
+            "**Run it yourself.** `pytest tests/engine`\nin the repository.\n\nOn the lent GPU.\n")
+    assert [n for n, _ in _workshop_talk(page)] == [3, 14, 20]
+
+
 @pytest.fixture(scope="module")
 def qwen32_h200() -> StepTimes:
     """labs/results/step_timing/qwen3-32b.json: the H200 step timings pages 6.1, 6.4, 6.10, 6.11 quote."""
@@ -1350,6 +1398,40 @@ def test_6_22_replicas_share_nothing(ten_million):
     best, big = options[(2, "fp8")], layout(2, "fp8", gpus=64)
     assert best.hours / big.hours == pytest.approx(8, abs=1e-6) and best.gpu_hours == pytest.approx(big.gpu_hours, abs=1e-6), \
         "6.22 'Scaling out: eight times the GPUs, an eighth of the hours, the same GPU-hours'"
+
+
+def test_6_22_the_worked_example_fed_a_queue_runs_more_and_costs_less(ten_million):
+    """6.22 'Against the chapter's worked example': the same engine and flags given a queue instead of the offered
+    rate keeps more requests running than the service does, makes more tokens/s per GPU and so costs less per
+    million; the service's batch is set by its rate, not by its KV cache."""
+    from servebook.perf import calibrated_coefficients, gpu_numbers
+    from servebook.perf.fleet import Deployment, LengthDistribution, Workload, plan
+    from servebook.simulator.online import OnlineWorkload
+    from servebook.simulator.tune import default_max_model_len
+    from servebook.simulator.worksheet import example_parameters, worked_example
+
+    moe, _, options = ten_million
+    ex, p = worked_example(), example_parameters()
+    assert (ex.model, ex.gpu.split("-")[0], ex.tp) == (moe.name, "H200", options[(2, "fp8")].tp), \
+        "6.22 'the same Gemma 4 26B-A4B ... H200s at TP 2' (the page's best layout is TP 2 too)"
+    gpu = gpu_numbers(ex.gpu)
+    requests = 10_000_000
+    job = Workload(requests, LengthDistribution.fixed(p["prompt_tokens"]), LengthDistribution.fixed(p["output_tokens"]))
+    length = default_max_model_len(OnlineWorkload(p["rate_per_s"], p["prompt_tokens"], p["output_tokens"],
+                                                  range_ratio=p["range_ratio"]))
+    queue = plan(job, Deployment.of(moe, gpu=gpu, gpus=ex.gpus, tp=ex.tp, kv_cache_dtype=ex.kv_cache_dtype,
+                                    max_num_seqs=ex.max_num_seqs, max_num_batched_tokens=ex.max_num_batched_tokens,
+                                    max_model_len=length, price_per_gpu_hour=p["assumed_price_per_gpu_hour_usd"]),
+                 calibrated_coefficients(gpu.name)[0])
+    # the service runs what its rate brings, well below what its cache could run
+    assert ex.running_at_rate < ex.full_length_running / 2, "6.22 'the offered rate, not the KV cache, sets how many run'"
+    assert queue.batch > 2 * ex.running_at_rate, "6.22 'keeps N of them running instead of about M'"
+    tps = queue.output_tokens_per_s / ex.gpus
+    per_million = queue.cost / (requests * p["output_tokens"]) * 1e6
+    # the cost per million is the GPU-hour price over the tokens an hour makes, for either
+    assert per_million == pytest.approx(p["assumed_price_per_gpu_hour_usd"] / (tps * 3600) * 1e6, rel=1e-9)
+    assert tps > ex.output_tokens_per_s_per_gpu and per_million < ex.cost_per_million_output_tokens, \
+        "6.22 'USD x per million, N x less'"
 
 
 def test_6_22_the_link_efficiency_is_fitted_at_one_tp_size():
