@@ -140,3 +140,28 @@ def test_group_activation_ordering_loads_on_0_26_0_and_is_refused_from_0_32_0(ca
     err = capsys.readouterr().err
     assert "no longer supported" in err and "Traceback" not in err
     assert main(["plan", "--config", "llama-3.1-8b-gptq-int4", "--gpu", "h200", "--vllm-version", "0.26.0"]) == 0
+
+
+def test_a_page_that_does_not_divide_the_largest_is_padded_from_0_32_0():
+    # unify_kv_cache_spec_page_size: 0.27.1 padded such a page only on a num-blocks-first backend
+    # (indexes_kv_by_block_stride; not FLASH_ATTN) and otherwise raised NotImplementedError; 0.32.0 pads
+    # every non-MLA attention page to the largest (page_size_padded), keeping its block's tokens.
+    from servebook.kv_cache import capacity, kv_cache_layout
+    from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+
+    full, sliding = AttentionLayer("full", 8, 128, 128), AttentionLayer("sliding", 8, 96, 96, sliding_window=4096)
+    spec = ModelSpec(name="hand-made", architecture="HandMade", hidden_size=4096, num_attention_heads=32,
+                     vocab_size=32000, max_position_embeddings=131072, layers=(full, sliding) * 4,
+                     params=ParamCount(0, 0, 0, 0, 0, 0, 0, 0), weight_bytes=0)
+    full_page, sliding_page = 16 * 8 * 256 * 2, 16 * 8 * 192 * 2     # 65,536 and 49,152 bytes: no whole ratio
+    assert full_page % sliding_page != 0
+    with pytest.raises(ServebookError, match="does not divide the largest page .* cannot start"):
+        kv_cache_layout(spec, block_size=16, vllm_version="0.26.0")
+    layout = kv_cache_layout(spec, block_size=16, vllm_version="0.32.0")
+    assert layout.page_size_bytes == full_page and layout.group_size == 4
+    assert {(l.kind, l.block_size, l.page_size_bytes) for l in layout.layers} == {("full", 16, full_page),
+                                                                                  ("sliding", 16, full_page)}
+    # one block id costs a padded page in each of the 4 layer slots of a group: 1 GiB / (65,536 x 4) blocks
+    cap = capacity(spec, 2**30, max_model_len=8192, max_num_batched_tokens=2048, block_size=16,
+                   vllm_version="0.32.0")
+    assert cap.num_gpu_blocks == 2**30 // (full_page * 4) == 4096

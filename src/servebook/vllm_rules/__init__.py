@@ -4,7 +4,8 @@ The chapter describes vLLM 0.32.0 (``PINNED_VLLM``); the GPU results come from 0
 A rule that differs between the two takes ``vllm_version`` and is kept once per release
 (``RULE_RELEASES``; today: the sliding-window block size, ``sliding_block_size``, the long-prefill cap
 on a lone request, ``effective_long_prefill_threshold``, the largest CUDA-graph step on Blackwell,
-``default_cudagraph_cap``, and whether a quantized checkpoint with group activation ordering loads,
+``default_cudagraph_cap``, whether page unification pads a page that does not divide the largest,
+``pads_undivided_pages``, and whether a quantized checkpoint with group activation ordering loads,
 ``act_order_loads``).
 
 Grouped like vLLM's own ``vllm/config/*`` (each name documents its unit and the
@@ -38,6 +39,7 @@ from servebook.vllm_rules.cache import (
     check_utilization,
     default_block_size,
     kv_dtype_bytes,
+    pads_undivided_pages,
     sliding_window_hold_tokens,
     sliding_block_size,
     sliding_window_running_blocks,
@@ -64,7 +66,7 @@ from servebook.vllm_rules.scheduler import (
 )
 
 __all__ = [
-    "BLACKWELL_CUDAGRAPH_MAX_TOKENS", "act_order_loads", "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
+    "BLACKWELL_CUDAGRAPH_MAX_TOKENS", "act_order_loads", "pads_undivided_pages", "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
     "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KERNEL_BLOCK_MULTIPLE",
     "KV_DTYPE_BYTES", "RULE_RELEASES", "default_cudagraph_cap", "effective_long_prefill_threshold", "rule_release", "sliding_block_size",
     "LARGE_GPU_BATCH_DEFAULTS", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE", "PINNED_VLLM", "SMALL_GPU_BATCH_DEFAULTS",
