@@ -1,7 +1,7 @@
 """Quantized checkpoints and LoRA slots in the memory budget (issue 40), against hand arithmetic.
 
 Every expected number is computed here from the model's shapes and the storage rules read in
-vLLM 0.27.1's source (packed int4 = half a byte per value, 16-bit scales per group of 128 input
+vLLM 0.27.1's source (re-read in 0.32.0's and 0.34.0's: the same; vllm_claims.toml quotes them) (packed int4 = half a byte per value, 16-bit scales per group of 128 input
 features, int4 zero points, fp32 block scales, ...), never taken from servebook's output.
 """
 from __future__ import annotations
@@ -125,6 +125,10 @@ def test_every_catalogue_gpu_has_a_compute_capability_and_kernels_follow_it():
         kernel_on(resolve({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}),
                   "V100", capability=7.0)
     assert set(schemes()) >= {"awq", "gptq", "fp8_block", "fp8_tensor", "int8_channel", "wna16", "nvfp4", "mxfp4"}
+    # FP8 weights: Fp8Config.get_min_capability() is 75, ModelOptFp8Config's 80 (modelopt.py, 0.27.1 to 0.34.0)
+    assert not kernel_on(resolve({"quant_method": "fp8"}), "T4", capability=7.5).native
+    with pytest.raises(ServebookError, match=">= 8.0"):
+        kernel_on(resolve({"quant_method": "modelopt", "quant_algo": "FP8"}), "T4", capability=7.5)
 
 
 def test_lora_slots_of_llama_8b_by_hand():

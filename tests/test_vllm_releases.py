@@ -100,3 +100,68 @@ def test_largest_cuda_graph_step_on_blackwell_differs_by_release():
     assert new.cudagraph_max_tokens() == min(2 * new.max_num_seqs, 1024, new.max_num_batched_tokens) == 1024
     h200 = make_plan("llama-3.1-8b", gpu="h200", max_model_len=8192, vllm_version="0.32.0")
     assert h200.cudagraph_max_tokens() == 512
+
+
+def _quantized(quant: dict):
+    """Llama 3.1 8B's config.json with ``quant`` as its quantization_config, as a model spec."""
+    from servebook.hf_config import load_model_spec
+    from servebook.shipped import MODELS_DIR
+
+    cfg = json.loads((MODELS_DIR / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = quant
+    return load_model_spec(cfg)
+
+
+def test_group_activation_ordering_loads_on_0_26_0_and_is_refused_from_0_32_0(capsys):
+    # 0.27.1 auto_gptq.py passed desc_act to Marlin as has_g_idx (g_idx + sort indices kept); 0.32.0's
+    # gptq_utils.normalize_and_validate_gptq_desc_act raises "GPTQ group activation ordering
+    # (desc_act=True) is no longer supported" unless group_size is -1 (one group: ordering is a no-op).
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True}
+    ordered, plain = _quantized({**gptq, "desc_act": True}), _quantized({**gptq, "desc_act": False})
+    old = make_plan(ordered, gpu="h200", max_model_len=8192, vllm_version="0.26.0")
+    # the two int32 index vectors take KV memory away on the release that keeps them
+    assert old.available_kv_bytes < make_plan(plain, gpu="h200", max_model_len=8192,
+                                              vllm_version="0.26.0").available_kv_bytes
+    for version in ("0.32.0", None):
+        with pytest.raises(ServebookError, match=r"desc_act: true.*--vllm-version 0\.26\.0"):
+            make_plan(ordered, gpu="h200", max_model_len=8192, vllm_version=version)
+    make_plan(plain, gpu="h200", max_model_len=8192, vllm_version="0.32.0")
+    make_plan(_quantized({**gptq, "group_size": -1, "desc_act": True}), gpu="h200", max_model_len=8192)
+    # compressed-tensors: actorder "group" (0.27.1 kept g_idx) and "dynamic" (0.27.1 kept none) alike
+    for order in ("group", "dynamic"):
+        ct = _quantized({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                                               "group_size": 128, "symmetric": True, "actorder": order}}}})
+        make_plan(ct, gpu="h200", max_model_len=8192, vllm_version="0.26.0")
+        with pytest.raises(ServebookError, match=f"actorder: {order}"):
+            make_plan(ct, gpu="h200", max_model_len=8192, vllm_version="0.32.0")
+    # the shipped GPTQ config carries desc_act: true, so the command line says the same, without a traceback
+    assert main(["plan", "--config", "llama-3.1-8b-gptq-int4", "--gpu", "h200"]) == 2
+    err = capsys.readouterr().err
+    assert "no longer supported" in err and "Traceback" not in err
+    assert main(["plan", "--config", "llama-3.1-8b-gptq-int4", "--gpu", "h200", "--vllm-version", "0.26.0"]) == 0
+
+
+def test_a_page_that_does_not_divide_the_largest_is_padded_from_0_32_0():
+    # unify_kv_cache_spec_page_size: 0.27.1 padded such a page only on a num-blocks-first backend
+    # (indexes_kv_by_block_stride; not FLASH_ATTN) and otherwise raised NotImplementedError; 0.32.0 pads
+    # every non-MLA attention page to the largest (page_size_padded), keeping its block's tokens.
+    from servebook.kv_cache import capacity, kv_cache_layout
+    from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+
+    full, sliding = AttentionLayer("full", 8, 128, 128), AttentionLayer("sliding", 8, 96, 96, sliding_window=4096)
+    spec = ModelSpec(name="hand-made", architecture="HandMade", hidden_size=4096, num_attention_heads=32,
+                     vocab_size=32000, max_position_embeddings=131072, layers=(full, sliding) * 4,
+                     params=ParamCount(0, 0, 0, 0, 0, 0, 0, 0), weight_bytes=0)
+    full_page, sliding_page = 16 * 8 * 256 * 2, 16 * 8 * 192 * 2     # 65,536 and 49,152 bytes: no whole ratio
+    assert full_page % sliding_page != 0
+    with pytest.raises(ServebookError, match="does not divide the largest page .* cannot start"):
+        kv_cache_layout(spec, block_size=16, vllm_version="0.26.0")
+    layout = kv_cache_layout(spec, block_size=16, vllm_version="0.32.0")
+    assert layout.page_size_bytes == full_page and layout.group_size == 4
+    assert {(l.kind, l.block_size, l.page_size_bytes) for l in layout.layers} == {("full", 16, full_page),
+                                                                                  ("sliding", 16, full_page)}
+    # one block id costs a padded page in each of the 4 layer slots of a group: 1 GiB / (65,536 x 4) blocks
+    cap = capacity(spec, 2**30, max_model_len=8192, max_num_batched_tokens=2048, block_size=16,
+                   vllm_version="0.32.0")
+    assert cap.num_gpu_blocks == 2**30 // (full_page * 4) == 4096

@@ -32,7 +32,9 @@ The steps, in the order the engine takes them:
    ``config/model.py``). MLA keeps one latent per token on every rank.
    The defaults and rules named here live in :mod:`servebook.vllm_rules`.
 2. Page sizes are unified by enlarging the block size of layers with smaller
-   pages (``unify_kv_cache_spec_page_size``, ``v1/core/kv_cache_utils.py``).
+   pages (``unify_kv_cache_spec_page_size``, ``v1/core/kv_cache_utils.py``); a page
+   the largest is not a whole multiple of is padded to it from 0.32.0 on and
+   refused in 0.26.0 (:func:`servebook.vllm_rules.pads_undivided_pages`).
 3. Layers are grouped (``get_kv_cache_groups``): identical specs form one
    group; otherwise layers of each kind are split into groups of equal size,
    padding the last group of a kind and warning
@@ -70,7 +72,7 @@ Units: ``*_bytes`` are bytes, ``*_tokens`` tokens; all figures are per GPU
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servebook.errors import DoesNotFitError, ServebookError
 from servebook.model_spec import AttentionLayer, ModelSpec
@@ -81,11 +83,13 @@ from servebook.vllm_rules.cache import (
     check_block_size,
     default_block_size,
     kv_dtype_bytes,
+    pads_undivided_pages,
     sliding_block_size,
     sliding_window_hold_tokens,
     sliding_window_running_blocks,
 )
 from servebook.vllm_rules.parallel import check_tp, kv_heads_per_gpu
+from servebook.vllm_rules.release import rule_release
 from servebook.vllm_rules.scheduler import decode_unsettled_tokens, default_async_scheduling, in_flight_tokens
 
 
@@ -102,6 +106,8 @@ class LayerCacheSpec:
         v_head_dim: V head size in elements (0 for MLA: no separate V).
         dtype_bytes: bytes per cached element.
         sliding_window: window in tokens for sliding layers, else None.
+        page_size_padded: bytes of one block when page unification padded it to the largest page
+            (:func:`servebook.vllm_rules.pads_undivided_pages`), else None.
     """
 
     layer_index: int
@@ -112,6 +118,7 @@ class LayerCacheSpec:
     v_head_dim: int
     dtype_bytes: int
     sliding_window: int | None = None
+    page_size_padded: int | None = None
 
     @property
     def bytes_per_token(self) -> int:
@@ -120,7 +127,9 @@ class LayerCacheSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        """Bytes of one block of this layer (``*Spec.page_size_bytes``)."""
+        """Bytes of one block of this layer (``*Spec.page_size_bytes``; the padded page when padded)."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
         return self.block_size * self.bytes_per_token
 
     def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
@@ -162,6 +171,7 @@ class LayerCacheSpec:
             self.v_head_dim,
             self.dtype_bytes,
             self.sliding_window,
+            self.page_size_padded,
         )
 
 
@@ -316,8 +326,9 @@ def _layer_spec(
     raise ServebookError(f"layer {index} has unknown attention kind {layer.kind!r}")
 
 
-def _unify_page_sizes(layers: Sequence[LayerCacheSpec]) -> list[LayerCacheSpec]:
-    """``unify_kv_cache_spec_page_size``: scale smaller pages up by whole ratios."""
+def _unify_page_sizes(layers: Sequence[LayerCacheSpec], vllm_version: str | None = None) -> list[LayerCacheSpec]:
+    """``unify_kv_cache_spec_page_size``: scale smaller pages up by whole ratios; where the ratio is not
+    whole, pad the page to the largest (0.32.0 on, non-MLA: :func:`servebook.vllm_rules.pads_undivided_pages`)."""
     pages = {l.page_size_bytes for l in layers}
     if len(pages) <= 1:
         return list(layers)
@@ -329,11 +340,16 @@ def _unify_page_sizes(layers: Sequence[LayerCacheSpec]) -> list[LayerCacheSpec]:
         elif largest % l.page_size_bytes == 0:
             ratio = largest // l.page_size_bytes
             out.append(_replace_block_size(l, l.block_size * ratio))
+        elif l.kind != "mla" and pads_undivided_pages(vllm_version):
+            out.append(replace(l, page_size_padded=largest))
         else:
+            release = rule_release(vllm_version)
+            why = ("vLLM pads no MLA page" if l.kind == "mla" else
+                   f"vLLM {release} pads such a page only on a num-blocks-first backend, not FLASH_ATTN")
             raise ServebookError(
                 f"layer {l.layer_index}: its KV page ({l.page_size_bytes} bytes) does not divide "
-                f"the largest page ({largest} bytes), which vLLM 0.27.1 cannot unify for this "
-                "backend; try another --block-size or --kv-cache-dtype"
+                f"the largest page ({largest} bytes) and {why}: the engine cannot start; try another "
+                "--block-size or --kv-cache-dtype"
             )
     return out
 
@@ -422,7 +438,7 @@ def kv_cache_layout(
         page_sum = sum(l.page_size_bytes for l in layers)
         return KVCacheLayout(tuple(layers), (group,), 1, page_sum, True, (), **common)
     # 3. Hybrid: unify pages, bucket identical specs, split into equal groups.
-    layers = _unify_page_sizes(layers)
+    layers = _unify_page_sizes(layers, vllm_version)
     buckets: dict[tuple, list[LayerCacheSpec]] = {}
     for l in layers:
         buckets.setdefault(l._key(), []).append(l)

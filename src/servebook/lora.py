@@ -1,11 +1,13 @@
 """LoRA adapters in the memory budget: what ``--enable-lora`` reserves on each GPU.
 
-vLLM 0.27.1 (``vllm/lora/``) wraps every module adapters may touch when it loads the model
+vLLM (``vllm/lora/``; read in 0.27.1, re-read in 0.32.0 and 0.34.0: every rule below is the same
+in the three, and ``vllm_claims.toml`` quotes each so the drift check sees it move) wraps every
+module adapters may touch when it loads the model
 (``LoRAModelManager._create_lora_modules``: every linear layer, the input embedding and the
 LM head's logits processor) and gives each wrapper zero-filled *stacked* tensors with one slot
 per ``--max-loras`` adapter at ``--max-lora-rank`` (``create_lora_weights`` of
-``lora/layers/base_linear.py``, ``column_parallel_linear.py``, ``vocal_parallel_embedding.py``,
-``logits_processor.py``), in the model's dtype (``--lora-dtype auto``). Per projection with
+``lora/layers/base_linear.py``, ``column_parallel_linear.py``, ``vocab_parallel_embedding.py``
+(``vocal_parallel_embedding.py`` in 0.27.1), ``logits_processor.py``), in the model's dtype (``--lora-dtype auto``). Per projection with
 ``s`` output slices (3 for ``qkv_proj``, 2 for ``gate_up_proj``), ``L`` slots and rank ``r``::
 
     A: s x L x r x in_features        B: L x r x sum(out_features)
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from servebook.errors import ServebookError
 from servebook.model_spec import ModelSpec
 
-#: ``MaxLoRARanks`` of ``vllm/config/lora.py`` (0.27.1): the ranks ``--max-lora-rank`` accepts.
+#: ``MaxLoRARanks`` of ``vllm/config/lora.py`` (0.27.1 to 0.34.0): the ranks ``--max-lora-rank`` accepts.
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: vLLM's defaults (``LoRAConfig``): one adapter slot of rank 16; ``max_cpu_loras`` = ``max_loras``.
 DEFAULT_MAX_LORAS = 1
@@ -79,7 +81,7 @@ class LoraSettings:
 
 
 def check_lora_settings(max_loras: object, max_lora_rank: object, max_cpu_loras: object = None) -> None:
-    """Refuse what vLLM 0.27.1's ``LoRAConfig`` refuses, saying what to pass instead."""
+    """Refuse what vLLM's ``LoRAConfig`` refuses (0.27.1 to 0.34.0 alike), saying what to pass instead."""
     for name, v in (("max-loras", max_loras), ("max-cpu-loras", max_cpu_loras)):
         if v is None and name == "max-cpu-loras":
             continue

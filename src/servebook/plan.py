@@ -62,7 +62,7 @@ from servebook.memory import (
 from servebook.hf_config import spec_quantization
 from servebook.lora import LoraSettings, lora_activation_bytes, lora_weights_bytes
 from servebook.model_spec import ModelSpec
-from servebook.quant_schemes import KernelChoice, kernel_on
+from servebook.quant_schemes import KernelChoice, check_loads, kernel_on
 from servebook.shipped import MODELS_DIR
 from servebook.vllm_rules import check_batch_budget, check_tp_size, cudagraph_max_tokens, rule_release
 
@@ -357,8 +357,9 @@ def make_plan(
     when not vLLM's (tokens). ``lora``: ``--enable-lora`` with its slots and rank
     (:mod:`servebook.lora`): their stacked tensors join the weights claim and their buffers the
     profiling peak. A quantized checkpoint is checked against the GPU's compute capability
-    (:func:`servebook.quant_schemes.kernel_on`; a GPU that cannot run it is an error).
-    when not vLLM's (tokens). ``vllm_version``: the release whose rules apply where releases differ
+    (:func:`servebook.quant_schemes.kernel_on`; a GPU that cannot run it is an error) and against
+    the release (:func:`servebook.quant_schemes.check_loads`: group activation ordering loads on
+    0.26.0 only). ``vllm_version``: the release whose rules apply where releases differ
     (:data:`servebook.vllm_rules.RULE_RELEASES`; None: the newest checked, :data:`PINNED_VLLM`).
     """
     rule_release(vllm_version)  # a release servebook has not read is refused before any work
@@ -399,6 +400,8 @@ def make_plan(
     # The GPU sets vLLM's batch defaults even when the KV budget comes from a log.
     gpu_name, gpu_bytes = _resolve_gpu(gpu or DEFAULT_GPU)
     quantization = spec_quantization(spec)
+    if quantization is not None:
+        check_loads(quantization, vllm_version)  # a setting this release refuses (desc_act from 0.32.0 on)
     kernel = None if quantization is None else kernel_on(quantization, gpu_name)
     if lora is not None and not isinstance(lora, LoraSettings):
         raise ServebookError(f"lora must be LoraSettings, got {type(lora).__name__}")

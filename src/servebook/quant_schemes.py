@@ -2,12 +2,15 @@
 
 The per-scheme facts (value bits, scale dtype and granularity, zero points, minimum and native
 compute capability, kernels) are data, ``servebook/data/quant_schemes.toml``, read from vLLM
-0.27.1's ``model_executor/layers/quantization/``. :func:`resolve` turns a checkpoint's
+0.27.1's ``model_executor/layers/quantization/`` and re-read in 0.32.0's and 0.34.0's (the same in
+all three; the drift claims of ``vllm_claims.toml`` quote each). :func:`resolve` turns a checkpoint's
 ``quantization_config`` into a :class:`Quantization`; :meth:`Quantization.matrix_bytes` sizes one
 quantized 2-D projection as resident on a CUDA GPU after the kernel's weight preparation
 (Marlin drops a symmetric scheme's zero points and keeps act-order sort indices);
-:func:`kernel_on` says which kernel a catalogue GPU runs it with, or raises
-:class:`~servebook.errors.ServebookError` when the GPU cannot run it at all.
+:func:`check_loads` refuses what the chosen release does not load (group activation ordering
+from 0.32.0 on: :func:`servebook.vllm_rules.act_order_loads`); :func:`kernel_on` says which kernel a
+catalogue GPU runs it with, or raises :class:`~servebook.errors.ServebookError` when the GPU cannot
+run it at all.
 
 Modelled ``quant_method`` values: ``awq``, ``gptq`` (symmetric, 4 or 8 bits, optional
 ``desc_act``), ``fp8`` (per tensor or ``weight_block_size`` blocks), ``compressed-tensors``
@@ -25,11 +28,15 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from servebook.errors import ConfigError, ServebookError
+from servebook.vllm_rules import RULE_RELEASES, act_order_loads, rule_release
+
+#: The releases whose source the scheme rules were read in (0.27.1 and 0.34.0 follow them too).
+_READ_IN = f"vLLM {RULE_RELEASES[0]} to {RULE_RELEASES[-1]}"
 
 _DATA = Path(__file__).resolve().parent / "data" / "quant_schemes.toml"
 #: 16-bit activations/scales where a scheme keeps the model's dtype.
@@ -77,7 +84,7 @@ def compute_capability(gpu_name: str) -> float:
 
 @dataclass(frozen=True)
 class Quantization:
-    """A checkpoint's quantization as vLLM 0.27.1 stores it.
+    """A checkpoint's quantization as vLLM stores it (the same from 0.26.0 to 0.34.0).
 
     Attributes:
         scheme: the data row (value bits, scales, kernels).
@@ -86,7 +93,10 @@ class Quantization:
         group_size: input features per scale for ``"group"`` scales (the whole row when -1).
         block: ``(rows, cols)`` per scale for ``"block"`` scales.
         zero_bits: bits per zero point and group (0: none kept).
-        act_order: GPTQ ``desc_act`` / compressed-tensors ``actorder: group`` (g_idx kept).
+        act_order: GPTQ ``desc_act`` / compressed-tensors ``actorder: group`` with more than one group
+            (g_idx kept; refused from vLLM 0.32.0 on, :func:`check_loads`).
+        dynamic_order: compressed-tensors ``actorder: dynamic`` with groups (no index kept; loads on
+            0.26.0, refused from 0.32.0 on like ``act_order``).
         lm_head: the LM head is quantized too.
         ignore: module patterns left in 16-bit, as the config spells them.
         ignore_style: how vLLM matches them: ``"substring"`` (AWQ ``modules_to_not_convert``),
@@ -102,6 +112,7 @@ class Quantization:
     block: tuple[int, int] | None = None
     zero_bits: int = 0
     act_order: bool = False
+    dynamic_order: bool = False
     lm_head: bool = False
     ignore: tuple[str, ...] = ()
     ignore_style: str = "substring"
@@ -219,7 +230,9 @@ def _compressed_tensors(quant: Mapping, s: dict[str, Scheme]) -> Quantization:
         if acts is None and strategy in ("group", "channel"):  # weight-only: WNA16 (pack-quantized)
             zero_bits = 0 if weights.get("symmetric", True) else bits
             return Quantization(s["wna16"], value_bits=bits, group_size=group if strategy == "group" else -1,
-                                zero_bits=zero_bits, act_order=weights.get("actorder") == "group", **common)
+                                zero_bits=zero_bits, act_order=weights.get("actorder") == "group" and strategy == "group",
+                                dynamic_order=weights.get("actorder") == "dynamic" and strategy == "group",
+                                **common)
         if bits == 8 and acts is not None and strategy in ("channel", "tensor"):
             static = 1 if not acts.get("dynamic", True) else 0
             if strategy == "tensor":
@@ -235,7 +248,7 @@ def resolve(quant: Mapping | None) -> Quantization | None:
     """The :class:`Quantization` a ``quantization_config`` describes (None: a 16-bit checkpoint).
 
     Raises:
-        ConfigError: a ``quant_method`` or setting vLLM 0.27.1 does not load (asymmetric GPTQ,
+        ConfigError: a ``quant_method`` or setting no release servebook checks loads (asymmetric GPTQ,
             AWQ other than 4 bits) or that servebook does not model; the message says what is.
     """
     if not quant:
@@ -247,7 +260,7 @@ def resolve(quant: Mapping | None) -> Quantization | None:
     if method == "awq":
         bits = _int(quant, "bits", "w_bit")
         if bits != 4:
-            raise ConfigError(f"AWQ with {bits} bits does not load on vLLM 0.27.1 (AutoAWQConfig supports 4 "
+            raise ConfigError(f"AWQ with {bits} bits does not load on {_READ_IN} (AutoAWQConfig supports 4 "
                               "bits only); use a 4-bit AWQ checkpoint.")
         return Quantization(s["awq"], method, 4, group_size=_int(quant, "group_size", "q_group_size"),
                             zero_bits=4 if quant.get("zero_point", True) else 0,
@@ -257,7 +270,7 @@ def resolve(quant: Mapping | None) -> Quantization | None:
         bits = _int(quant, "bits")
         sym = quant.get("sym", True)
         if bits not in (4, 8) or not sym:
-            raise ConfigError(f"GPTQ bits={bits}, sym={sym} does not load on vLLM 0.27.1 (AutoGPTQConfig "
+            raise ConfigError(f"GPTQ bits={bits}, sym={sym} does not load on {_READ_IN} (AutoGPTQConfig "
                               "supports symmetric 4- and 8-bit only); use a symmetric (sym: true) 4- or 8-bit "
                               "GPTQ checkpoint.")
         group = _int(quant, "group_size")
@@ -289,14 +302,33 @@ def resolve(quant: Mapping | None) -> Quantization | None:
         if algo == "NVFP4":
             return Quantization(s["nvfp4"], method, 4, group_size=16, fp32_per_matrix=2, ignore=exclude,
                                 ignore_style="glob")
-        if algo == "FP8":
-            return Quantization(s["fp8_tensor"], method, 8, fp32_per_matrix=2, ignore=exclude,
-                                ignore_style="glob")
+        if algo == "FP8":  # ModelOptFp8Config.get_min_capability() is 80 where Fp8Config's is 75
+            return Quantization(replace(s["fp8_tensor"], min_compute_capability=8.0), method, 8,
+                                fp32_per_matrix=2, ignore=exclude, ignore_style="glob")
         raise ConfigError(f"ModelOpt quant_algo {algo!r} is not modelled; modelled: NVFP4, FP8.")
     raise ConfigError(
         f"quantization_config.quant_method {method!r} is not modelled; supported: awq, gptq, fp8, "
         "compressed-tensors, modelopt (NVFP4, FP8), mxfp4 (or remove quantization_config for a 16-bit "
         "checkpoint).")
+
+
+def check_loads(quantization: Quantization, vllm_version: str | None = None) -> None:
+    """Refuse a checkpoint ``vllm_version`` (None: the pinned release) does not load.
+
+    Group activation ordering loads on 0.26.0 (and 0.27.1) but is refused from 0.32.0 on
+    (:func:`servebook.vllm_rules.act_order_loads`).
+
+    Raises:
+        ServebookError: naming the setting, the release, and what to use instead.
+    """
+    if not (quantization.act_order or quantization.dynamic_order) or act_order_loads(vllm_version):
+        return
+    setting = ("desc_act: true" if quantization.method == "gptq" else
+               f"actorder: {'group' if quantization.act_order else 'dynamic'}")
+    raise ServebookError(
+        f"{quantization.name} with group activation ordering ({setting}) does not load on vLLM "
+        f"{vllm_version or rule_release(None)}: from 0.32.0 on vLLM refuses it (\"no longer supported\"); use "
+        f"a checkpoint quantized without it, or --vllm-version {RULE_RELEASES[0]} for a release that loads it")
 
 
 @dataclass(frozen=True)
@@ -310,7 +342,7 @@ class KernelChoice:
 
 
 def kernel_on(quantization: Quantization, gpu_name: str, capability: float | None = None) -> KernelChoice:
-    """The kernel vLLM 0.27.1 picks for ``quantization`` on a GPU, by compute capability.
+    """The kernel vLLM picks for ``quantization`` on a GPU, by compute capability (0.26.0 to 0.34.0 alike).
 
     ``capability`` overrides the catalogue's figure (for a GPU not in it).
 
@@ -322,7 +354,7 @@ def kernel_on(quantization: Quantization, gpu_name: str, capability: float | Non
     cc = compute_capability(gpu_name) if capability is None else float(capability)
     if cc < scheme.min_compute_capability:
         raise ServebookError(
-            f"{gpu_name} (compute capability {cc:.1f}) cannot run {scheme.description}: vLLM 0.27.1 needs "
+            f"{gpu_name} (compute capability {cc:.1f}) cannot run {scheme.description}: {_READ_IN} need "
             f"compute capability >= {scheme.min_compute_capability:.1f} for it; use a newer GPU or a 16-bit "
             "(or another quantized) checkpoint of the model.")
     if cc >= scheme.native_compute_capability:

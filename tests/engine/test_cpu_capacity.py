@@ -317,3 +317,49 @@ def test_defaults_servebook_uses_are_the_pinned_release_defaults(vllm_probe, tmp
     for key, (gib, name, device) in gpus.items():
         for ctx, pair in got["batch"][key].items():
             assert list(vllm_batch_defaults(int(gib * GIB), name, usage_context=ctx, device=device)) == pair, (key, ctx)
+
+
+RELEASE_RULES = r"""
+import json
+import torch
+from vllm.model_executor.layers.quantization.utils.gptq_utils import normalize_and_validate_gptq_desc_act
+from vllm.v1.core.kv_cache_utils import unify_kv_cache_spec_page_size
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+out = {}
+try:
+    normalize_and_validate_gptq_desc_act(True, 128, {})
+    out["desc_act_g128_loads"] = True
+except ValueError:
+    out["desc_act_g128_loads"] = False
+out["desc_act_one_group"] = normalize_and_validate_gptq_desc_act(True, -1, {})
+full = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+sliding = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=96, dtype=torch.bfloat16, sliding_window=4096)
+unified = unify_kv_cache_spec_page_size({"full": full, "sliding": sliding})
+out["pages"] = {k: [v.block_size, v.page_size_bytes] for k, v in unified.items()}
+print("SERVEBOOK_RELEASE_RULES " + json.dumps(out))
+"""
+
+
+@pytest.mark.vllm_env
+def test_release_keyed_rules_are_what_the_pinned_release_does(vllm_probe, tmp_path):
+    """The rules servebook keys by release (vllm_rules), asked of the installed vLLM's own functions:
+    GPTQ's activation-ordering check and page unification of a page that does not divide the largest."""
+    from servebook.kv_cache import kv_cache_layout
+    from servebook.model_spec import AttentionLayer, ModelSpec, ParamCount
+    from servebook.vllm_rules import act_order_loads, pads_undivided_pages
+
+    proc = vllm_probe.run_source(tmp_path, RELEASE_RULES)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("SERVEBOOK_RELEASE_RULES "))
+    got = json.loads(line.split(" ", 1)[1])
+    assert got["desc_act_g128_loads"] is act_order_loads(PINNED_VLLM)
+    assert got["desc_act_one_group"] is False            # one group: the ordering is turned off, not refused
+    assert pads_undivided_pages(PINNED_VLLM)
+    spec = ModelSpec(name="hand-made", architecture="HandMade", hidden_size=4096, num_attention_heads=32,
+                     vocab_size=32000, max_position_embeddings=131072,
+                     layers=(AttentionLayer("full", 8, 128, 128),
+                             AttentionLayer("sliding", 8, 96, 96, sliding_window=4096)),
+                     params=ParamCount(0, 0, 0, 0, 0, 0, 0, 0), weight_bytes=0)
+    layers = kv_cache_layout(spec, block_size=16, vllm_version=PINNED_VLLM).layers
+    assert {l.kind: [l.block_size, l.page_size_bytes] for l in layers} == got["pages"]

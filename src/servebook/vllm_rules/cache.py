@@ -168,3 +168,22 @@ def sliding_block_size(block_size: int, device: Device = "cuda", vllm_version: s
     if release == "0.26.0":
         return multiple
     return max(multiple, block_size // multiple * multiple)
+
+
+def pads_undivided_pages(vllm_version: str | None = None) -> bool:
+    """Whether page unification pads an attention layer whose page does not divide the largest page.
+
+    ``unify_kv_cache_spec_page_size`` (``v1/core/kv_cache_utils.py``; ``v1/core/kv_cache_planning.py``
+    in 0.34.0) first scales a smaller page up by a whole ratio of blocks. When the largest page is not
+    a whole multiple of it:
+
+    * 0.26.0 and 0.27.1: the page is padded only on a backend whose KV layout is num-blocks-first
+      (``AttentionSpec.indexes_kv_by_block_stride``); FLASH_ATTN, the CUDA backend servebook models,
+      is not, and the engine cannot start (``NotImplementedError``).
+    * 0.32.0 (0.34.0 alike): every non-MLA attention layer's page is padded to the largest
+      (``page_size_padded``): its block keeps its tokens and costs the largest page. MLA is never
+      padded (``NotImplementedError`` in every release).
+
+    ``vllm_version``: the release (None: :data:`~servebook.vllm_rules.release.PINNED_VLLM`).
+    """
+    return rule_release(vllm_version) != "0.26.0"
