@@ -66,7 +66,8 @@ def test_the_import_check_sees_lazy_imports(tmp_path):
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"foundations": ("servebook.errors", "servebook.model_spec", "servebook._version", "servebook.vllm_rules",
                      "servebook.reductions", "servebook.hardware", "servebook.shipped", "servebook.provenance",
-                     "servebook.cpu_features", "servebook.figure_style", "servebook.quant_schemes")},
+                     "servebook.cpu_features", "servebook.figure_style", "servebook.quant_schemes",
+                     "servebook.rotary_cache")},
     {"model inputs": ("servebook.hf_config", "servebook.kv_cache", "servebook.memory", "servebook.memory_fit",
                       "servebook.startup_log", "servebook.records", "servebook.engine_env", "servebook.tiny_model",
                       "servebook.lora")},

@@ -96,10 +96,18 @@ def test_shipped_coefficients_are_fitted_on_these_logs_and_predict_each_within_t
     c = load_coefficients()
     assert c.status == "fitted"
     held = held_out_names()
-    assert held and set(held) <= set(GPU_FIXTURES)
-    assert set(c.fitted_on) == set(GPU_FIXTURES) - set(held)
+    recorded_held = set(held) & set(GPU_FIXTURES)
+    assert recorded_held
+    # a start-up declared held out before its device call may not be recorded yet: it names a
+    # shipped model and a recording case, and enters no fit
+    from servebook.hf_config import reference_model_ids
+
+    for pending in set(held) - set(GPU_FIXTURES):
+        model = pending.removeprefix("h200-0.26.0-").split("--")[0]
+        assert pending.startswith("h200-0.26.0-") and model in reference_model_ids(), pending
+    assert set(c.fitted_on) == set(GPU_FIXTURES) - recorded_held
     assert c.vllm_version == "0.26.0" and c.gpu == "NVIDIA H200"
-    assert c.summary == f"fitted on {len(GPU_FIXTURES) - len(held)} NVIDIA H200 logs (vLLM 0.26.0)"
+    assert c.summary == f"fitted on {len(GPU_FIXTURES) - len(recorded_held)} NVIDIA H200 logs (vLLM 0.26.0)"
     for r in records:
         p = predict_record(r, c)
         assert abs(p.available_kv_bytes - r.logged_available_kv_bytes) <= 0.02 * r.logged_available_kv_bytes, r.name

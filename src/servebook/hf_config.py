@@ -595,7 +595,10 @@ def _gemma(f: _Fields, family: str, tied: bool) -> _Model:
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             qk_norm=True,
-            has_v=has_v,
+            # vLLM's Gemma 4 builds one QKVParallelLinear for every layer, K=V layers included, and
+            # loads the K weights into the V slot too (gemma4.py, "no structural difference needed"):
+            # the V projection is allocated whether or not the checkpoint has one.
+            has_v=True,
             owns_kv=sources[i] is None,
         )
         tensors += _norms(hidden, 4)  # input, post-attention, pre- and post-feedforward
@@ -903,6 +906,7 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         layers=tuple(layer.attention for layer in model.layers),
         params=_param_count(model),
         weight_bytes=_weight_bytes(named, dtype, quant),
+        buffer_bytes=_buffer_bytes(text, model, dtype),
         moe=_with_expert_bytes(model.moe, named, dtype, quant),
         tie_word_embeddings=not any(t.category == LM_HEAD for _, t in named),
         intermediate_size=model.intermediate_size,
@@ -910,6 +914,18 @@ def load_model_spec(source: str | Path | Mapping, name: str | None = None) -> Mo
         source=where,
         raw=cfg,
     )
+
+
+def _buffer_bytes(text: Mapping, model: _Model, dtype: str) -> int:
+    """Bytes of the non-weight tensors vLLM allocates while loading: the rotary caches
+    (:mod:`servebook.rotary_cache`)."""
+    from servebook.rotary_cache import rotary_cache_bytes
+
+    layer_heads = [("sliding_attention" if layer.attention.kind == "sliding" else "full_attention",
+                    layer.attention.head_dim) for layer in model.layers]
+    mla = text.get("qk_rope_head_dim") if any(layer.attention.kind == "mla" for layer in model.layers) else None
+    return rotary_cache_bytes(text, layer_heads, dtype_bytes=4 if dtype == "float32" else 2,
+                              mla_rope_dim=int(mla) if mla else None)
 
 
 def _check_head_groups(f: _Fields, model: _Model) -> None:

@@ -8,9 +8,9 @@ vLLM sizes its KV cache at start-up (``Worker.determine_available_memory`` in
 
 and prints ``Available KV cache memory: X GiB``. The four claims:
 
-* **weights**: ``Model loading took X GiB`` (per GPU; here ``weight_bytes / tp``,
-  which ignores the few tensors TP replicates, such as norms, and small
-  buffers such as rotary caches);
+* **weights**: ``Model loading took X GiB`` (per GPU; here ``weight_bytes / tp``
+  plus the rotary caches every rank holds, :mod:`servebook.rotary_cache`; it ignores the few
+  tensors TP replicates, such as norms);
 * **peak activation**: the torch allocator's peak while the engine runs one
   dummy batch of ``max_num_batched_tokens`` tokens and samples
   ``min(max_num_seqs, max_num_batched_tokens)`` rows of logits
@@ -446,8 +446,9 @@ def cudagraph_bytes(
 
 
 def weights_bytes_per_gpu(spec: ModelSpec, tp: int = 1) -> int:
-    """Weight bytes on one GPU: ``ceil(weight_bytes / tp)``."""
-    return -(-spec.weight_bytes // tp)
+    """What ``Model loading took`` on one GPU, bytes: ``ceil(weight_bytes / tp)`` plus the buffers every
+    rank holds whole (``spec.buffer_bytes``: the rotary caches)."""
+    return -(-spec.weight_bytes // tp) + spec.buffer_bytes
 
 
 def _in_gib(bytes_field: str, what: str) -> property:

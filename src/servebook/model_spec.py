@@ -121,6 +121,8 @@ class ModelSpec:
         weight_bytes_per_param: bytes per weight as stored/served (2 for bf16);
             for mixed formats (MXFP4 experts) see ``weight_bytes``.
         weight_bytes: bytes of all weights as loaded by the engine.
+        buffer_bytes: bytes of the other tensors the engine allocates while loading, on every GPU
+            (the rotary cos/sin caches: :mod:`servebook.rotary_cache`).
         moe: MoE shape, or None for dense models.
         tie_word_embeddings: True when the LM head shares the embedding matrix.
         intermediate_size: dense MLP width (0 if every layer is MoE).
@@ -139,6 +141,7 @@ class ModelSpec:
     params: ParamCount
     weight_bytes: int
     moe: MoESpec | None = None
+    buffer_bytes: int = 0
     tie_word_embeddings: bool = False
     intermediate_size: int = 0
     torch_dtype: str = "bfloat16"
