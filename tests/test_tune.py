@@ -268,3 +268,13 @@ def test_cli_bad_prefix_share_is_a_clear_error(capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "--prefix-share must be a fraction of requests in [0, 1], got 2" in err
     assert "Traceback" not in err
+
+
+def test_a_sliding_window_model_says_its_hits_are_not_simulated():
+    w = OnlineWorkload(2.0, 1024, 64, prefix_tokens=512, prefix_share=0.5, duration_s=10)
+    r = tune("gemma-3-27b", gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(ttft_s=2.0, tpot_s=0.1),
+             tps=(1,), kv_cache_dtypes=("auto",))
+    assert r.best is not None and r.best.prefix_caching          # vLLM 0.32.0 caches prefixes here too
+    assert r.best.prediction.prefix_hit_share == 0               # ... but the simulator prices every prompt token
+    assert "--no-enable-prefix-caching" not in r.best.serve_command()
+    assert any("does not model hits in sliding-window KV groups" in n for n in r.notes)

@@ -17,8 +17,10 @@ Prefix caching: when the workload carries a shared prefix (``prefix_tokens`` x `
 every candidate is simulated with vLLM's default (on in 0.32.0,
 :data:`~servebook.vllm_rules.DEFAULT_ENABLE_PREFIX_CACHING`): the scheduler simulator finds the
 cached blocks and schedules only the prompt tokens after them, so the prefill the hits save shortens
-steps, TTFT and queues. Caching off (``--no-enable-prefix-caching``) is tried among the flag
-variants and, for the pick, reported beside it. Sliding-window models' hits are not simulated (a
+steps, TTFT and queues. Caching off (``--no-enable-prefix-caching``) is simulated for the pick
+and reported beside it (it joins the candidates tried), not at every shape: in the simulator it
+can only lose (hits remove prefill work, and cached blocks stay evictable, so they never cost
+capacity), and each try is a whole simulation. Sliding-window models' hits are not simulated (a
 note says so): their predictions price every prompt token.
 
 Speculative decoding (``speculative``, a :class:`~servebook.perf.speculative.SpeculativeAsk`) is
@@ -325,8 +327,9 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         if key not in engines:
             engines[key] = replica_engine(plan)
         config, step, _ = engines[key]
-        if config.enable_prefix_caching != caching:
-            config = replace(config, enable_prefix_caching=caching)
+        if config.enable_prefix_caching and not caching:
+            # (a sliding-window pool's config has it off already: hits are not simulated there, see the notes)
+            config = replace(config, enable_prefix_caching=False)
         pred = predict_from_requests(workload.requests(workload.rate_per_s / replicas), config, step,
                                      serving_path=path)
         c = Candidate(plan, replicas, pred, flags, targets.misses(pred), caching)
@@ -360,9 +363,6 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
                 if "tpot" not in c.misses and "max_num_seqs" in flags:
                     continue   # a smaller batch only lengthens queues: it helps TPOT, never TTFT
                 level.append(evaluate(plan, flags, c.replicas))
-            if workload.shares_prefix and caching_simulated(c.plan):
-                # the other prefix-caching setting of the defaults (without a shared prefix it changes nothing)
-                level.append(evaluate(c.plan, c.changed_flags, c.replicas, not DEFAULT_ENABLE_PREFIX_CACHING))
         best = pick(level)
         if best:
             break
@@ -422,7 +422,7 @@ def _prefix_note(best: Candidate | None, workload: OnlineWorkload, targets: Late
     """What prefix caching did for the pick: its hit share, and the pick's latencies with the other setting."""
     shared = (f"a {workload.prefix_tokens:,}-token shared prefix on {workload.prefix_share:.0%} of requests")
     if best is None:
-        return f"prefix caching: {shared}; nothing met the targets, with it on or off"
+        return f"prefix caching: {shared}; nothing met the targets with it on (vLLM's default)"
     if not caching_simulated(best.plan):
         return (f"prefix caching: {shared}; vLLM 0.32.0 caches prefixes for this model too, but the simulator does "
                 "not model hits in sliding-window KV groups, so every prompt token's prefill is priced: TTFT and "
