@@ -278,3 +278,20 @@ def test_a_sliding_window_model_says_its_hits_are_not_simulated():
     assert r.best.prediction.prefix_hit_share == 0               # ... but the simulator prices every prompt token
     assert "--no-enable-prefix-caching" not in r.best.serve_command()
     assert any("does not model hits in sliding-window KV groups" in n for n in r.notes)
+
+
+def test_a_draft_model_as_large_as_the_target_never_pays(pick):
+    """k passes of an 8B draft cost about k plain steps: 2.3 tokens per step at alpha 0.6 cannot pay for them."""
+    from servebook.perf.speculative import SpeculativeAsk
+    from servebook.simulator.tune import speculation_note
+
+    note = speculation_note(pick.best, SpeculativeAsk("draft_model", 4, 0.6, LLAMA), pick.workload)
+    assert "it would slow decoding" in note and "draft llama-3.1-8b" in note
+    assert "async scheduling off" not in note          # draft_model keeps it on in vLLM 0.32.0
+
+
+def test_an_unknown_draft_model_fails_before_the_search():
+    w = OnlineWorkload(1.0, 512, 64)
+    with pytest.raises(ServebookError, match="neither a file"):
+        tune(LLAMA, gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(ttft_s=1.0), tps=(1,),
+             speculative="draft_model:k=3,alpha=0.7,model=no-such-draft")

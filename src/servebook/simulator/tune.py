@@ -295,6 +295,8 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         from servebook.perf.speculative import parse_speculative
 
         speculative = parse_speculative(speculative)
+    if speculative is not None and speculative.draft_model is not None:
+        load_model_spec(speculative.draft_model)   # an unknown draft model fails now, not after the search
     length = max_model_len or default_max_model_len(workload)
     spec = model if not isinstance(model, str) else load_model_spec(model)
     notes: list[str] = []
