@@ -30,8 +30,8 @@ def register(sub) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
     p.add_argument("--prefix-tokens", type=int, default=0,
                    help="leading prompt tokens the requests share (a system prompt; part of --input-tokens). "
-                        "Candidates are simulated with vLLM's prefix caching on (its default) and off, the "
-                        "hits skipping their prefill")
+                        "Candidates are simulated with vLLM's prefix caching on (its default), the hits "
+                        "skipping their prefill; the pick also with it off, for comparison")
     p.add_argument("--prefix-share", type=float, default=1.0,
                    help="fraction of requests that carry the shared prefix, in [0, 1] (default 1: all)")
     p.add_argument("--speculative", default=None, metavar="METHOD:k=K,alpha=A[,model=REF]",
