@@ -73,6 +73,11 @@ CASES = [
     (TUNE + " --tpot-ms -4", 2, "--tpot-ms -4 is not allowed: it is the time-per-output-token target in ms and must be > 0"),
     (TUNE + " --tpot-ms 40 --gpus 0", 2, "--gpus 0 is not allowed: it is the most GPUs the deployment may use"),
     (TUNE + " --tpot-ms 40 --kv-cache-dtypes fp4", 2, "--kv-cache-dtypes 'fp4' is not supported"),
+    (TUNE + " --tpot-ms 40 --prefix-tokens 20 --prefix-share 1.2", 2, "--prefix-share must be a fraction of requests in [0, 1]"),
+    (TUNE + " --tpot-ms 40 --prefix-tokens 100", 2, "--prefix-tokens must be in [0, input tokens), got 100"),
+    (TUNE + " --tpot-ms 40 --speculative ngram:k=0,alpha=0.5", 2, "--speculative needs k >= 1 draft tokens per step"),
+    (TUNE + " --tpot-ms 40 --speculative ngram:k=4,alpha=2", 2, "alpha is a per-token acceptance probability in [0, 1]"),
+    (TUNE + " --tpot-ms 40 --speculative eagle:k=4,alpha=0.5", 2, "method 'eagle' is not priced here"),
     (TUNE + " --tpot-ms 40 --ttft-ms nan", 2, "--ttft-ms nan is not allowed: it is the time-to-first-token target in ms and must be a finite number"),
     # -- fleet ------------------------------------------------------------------------------------
     (FLEET + " --calibration {tmp}/brace.json", 2, "is not valid JSON"),

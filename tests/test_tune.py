@@ -47,6 +47,10 @@ def test_burstier_arrivals_have_more_spread_gaps():
     ({"output_tokens": 1}, "--output-tokens must be >= 2"),
     ({"range_ratio": 1.0}, "--range-ratio must be in [0, 1)"),
     ({"prefix_tokens": 600}, "--prefix-tokens must be in [0, input tokens)"),
+    ({"prefix_tokens": 500}, "so it must be shorter"),
+    ({"prefix_tokens": 100, "prefix_share": 1.5}, "--prefix-share must be a fraction of requests in [0, 1]"),
+    ({"prefix_tokens": 100, "prefix_share": -0.1}, "--prefix-share must be a fraction of requests in [0, 1]"),
+    ({"prefix_tokens": 100, "prefix_share": float("nan")}, "--prefix-share must be a fraction"),
 ])
 def test_bad_workloads_say_what_to_change(kwargs, phrase):
     args = {"rate_per_s": 1.0, "input_tokens": 500, "output_tokens": 10, **kwargs}
@@ -159,3 +163,135 @@ def test_cli_json_carries_the_band_and_the_watch_list(capsys):
     assert out["best"]["gpus"] >= 1 and out["best"]["cost_per_million_output_tokens"] > 0
     assert set(out["error_band"]) == {"ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"}
     assert {w["metric"] for w in out["watch"]} >= {"vllm:time_to_first_token_seconds", "vllm:num_requests_waiting"}
+
+
+# -- prefix caching and speculative decoding in the search ------------------------------------------
+
+def test_the_prefix_share_picks_that_many_carriers_spread_over_the_arrivals():
+    reqs = OnlineWorkload(5.0, 1000, 50, prefix_tokens=300, prefix_share=0.25, num_requests=400).requests()
+    carriers = [i for i, r in enumerate(reqs) if r.prefix_id is not None]
+    assert len(carriers) == 100
+    assert all(reqs[i].prefix_tokens == 300 for i in carriers)
+    assert all(r.prefix_tokens == 0 for r in reqs if r.prefix_id is None)
+    assert max(b - a for a, b in zip(carriers, carriers[1:])) == 4     # one in four, evenly
+    # the share does not move arrivals or lengths (the same draws, only the prefix differs)
+    plain = OnlineWorkload(5.0, 1000, 50, range_ratio=0.3, num_requests=400).requests()
+    shared = OnlineWorkload(5.0, 1000, 50, range_ratio=0.3, prefix_tokens=300, prefix_share=0.0,
+                            num_requests=400).requests()
+    assert plain == shared
+
+
+PREFIX_TARGETS = LatencyTargets(ttft_s=0.5, tpot_s=0.030)
+
+
+def _prefix_tune(**kw):
+    w = OnlineWorkload(30.0, 3072, 256, range_ratio=0.25, duration_s=15, **kw)
+    return tune(LLAMA, gpu="h200", max_gpus=4, workload=w, targets=PREFIX_TARGETS, tps=(1,),
+                kv_cache_dtypes=("auto",), speculative="ngram:k=4,alpha=0.0")
+
+
+@pytest.fixture(scope="module")
+def no_prefix():
+    return _prefix_tune()
+
+
+@pytest.fixture(scope="module")
+def big_prefix():
+    return _prefix_tune(prefix_tokens=2048, prefix_share=0.9)
+
+
+def test_a_prefix_share_of_zero_searches_as_without_a_prefix(no_prefix):
+    zero = _prefix_tune(prefix_tokens=2048, prefix_share=0.0)
+    assert [c.to_dict() for c in zero.tried] == [c.to_dict() for c in no_prefix.tried]
+    assert zero.best.to_dict() == no_prefix.best.to_dict()
+    assert not any("prefix caching" in n for n in zero.notes)
+
+
+def test_a_large_shared_prefix_makes_the_pick_faster_or_cheaper(no_prefix, big_prefix):
+    a, b = no_prefix.best, big_prefix.best
+    assert a is not None and b is not None
+    q = PREFIX_TARGETS.percentile
+    assert b.gpus < a.gpus or (b.gpus == a.gpus and b.prediction.ttft_s[q] < a.prediction.ttft_s[q])
+    # the hits are the prefix's whole 16-token blocks on 90% of prompts of ~3,072 tokens
+    assert 0.9 * 2048 / 3072 * 0.9 < b.prediction.prefix_hit_share <= 0.9 * 2048 / 3072 * 1.01
+    assert no_prefix.best.prediction.prefix_hit_share == 0
+
+
+def test_prefix_caching_off_is_tried_and_loses_its_hits(big_prefix):
+    best = big_prefix.best
+    assert best.prefix_caching and "enable-prefix-caching" not in best.serve_command()   # vLLM's default: on
+    off = [c for c in big_prefix.tried if not c.prefix_caching and c.gpus == best.gpus and not c.changed_flags]
+    assert off, "the pick with prefix caching off was not simulated"
+    q = PREFIX_TARGETS.percentile
+    assert off[0].prediction.prefix_hit_share == 0
+    assert off[0].prediction.ttft_s[q] > best.prediction.ttft_s[q]
+    assert shlex.split(off[0].serve_command())[-1] == "--no-enable-prefix-caching"
+    assert any(n.startswith("prefix caching: a 2,048-token shared prefix on 90% of requests") for n in big_prefix.notes)
+
+
+def test_speculation_at_no_acceptance_is_never_picked_and_says_why(no_prefix, big_prefix):
+    for r in (no_prefix, big_prefix):
+        assert "--speculative-config" not in r.best.serve_command()
+        note = next(n for n in r.notes if n.startswith("speculative decoding"))
+        assert "is not searched" in note and "it would slow decoding" in note
+        assert "turns async scheduling off" in note       # ngram, by vLLM 0.32.0's rule
+
+
+def test_speculation_that_accepts_most_drafts_would_pay_on_a_small_batch(pick):
+    from servebook.perf.speculative import SpeculativeAsk
+    from servebook.simulator.tune import speculation_note
+
+    assert "it would pay" in speculation_note(pick.best, SpeculativeAsk("ngram", 4, 0.9), pick.workload)
+    assert "it would slow decoding" in speculation_note(pick.best, SpeculativeAsk("ngram", 4, 0.0), pick.workload)
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ("ngram:k=0,alpha=0.6", "k >= 1"),
+    ("ngram:k=4,alpha=1.5", "alpha is a per-token acceptance probability in [0, 1]"),
+    ("ngram:k=4", "needs both k and alpha"),
+    ("medusa:k=4,alpha=0.5", "is not priced here"),
+    ("draft_model:k=3,alpha=0.7", "needs model=REF"),
+    ("ngram:k=four,alpha=0.5", "k is a whole number"),
+])
+def test_bad_speculation_says_what_to_write(text, phrase):
+    from servebook.perf.speculative import parse_speculative
+
+    with pytest.raises(ServebookError, match=phrase.replace("[", r"\[").replace("]", r"\]")):
+        parse_speculative(text)
+
+
+def test_cli_bad_prefix_share_is_a_clear_error(capsys):
+    from servebook.cli import main
+
+    rc = main(["tune", "--config", LLAMA, "--gpu", "h200", "--gpus", "1", "--rate", "1", "--input-tokens", "512",
+               "--output-tokens", "64", "--ttft-ms", "400", "--prefix-tokens", "100", "--prefix-share", "2"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--prefix-share must be a fraction of requests in [0, 1], got 2" in err
+    assert "Traceback" not in err
+
+
+def test_a_sliding_window_model_says_its_hits_are_not_simulated():
+    w = OnlineWorkload(2.0, 1024, 64, prefix_tokens=512, prefix_share=0.5, duration_s=10)
+    r = tune("gemma-3-27b", gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(ttft_s=2.0, tpot_s=0.1),
+             tps=(1,), kv_cache_dtypes=("auto",))
+    assert r.best is not None and r.best.prefix_caching          # vLLM 0.32.0 caches prefixes here too
+    assert r.best.prediction.prefix_hit_share == 0               # ... but the simulator prices every prompt token
+    assert "--no-enable-prefix-caching" not in r.best.serve_command()
+    assert any("does not model hits in sliding-window KV groups" in n for n in r.notes)
+
+
+def test_a_draft_model_as_large_as_the_target_never_pays(pick):
+    """k passes of an 8B draft cost about k plain steps: 2.3 tokens per step at alpha 0.6 cannot pay for them."""
+    from servebook.perf.speculative import SpeculativeAsk
+    from servebook.simulator.tune import speculation_note
+
+    note = speculation_note(pick.best, SpeculativeAsk("draft_model", 4, 0.6, LLAMA), pick.workload)
+    assert "it would slow decoding" in note and "draft llama-3.1-8b" in note
+    assert "async scheduling off" not in note          # draft_model keeps it on in vLLM 0.32.0
+
+
+def test_an_unknown_draft_model_fails_before_the_search():
+    w = OnlineWorkload(1.0, 512, 64)
+    with pytest.raises(ServebookError, match="neither a file"):
+        tune(LLAMA, gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(ttft_s=1.0), tps=(1,),
+             speculative="draft_model:k=3,alpha=0.7,model=no-such-draft")

@@ -76,6 +76,13 @@ def tune_commands() -> dict[str, list[str]]:
             argv = shlex.split(c.serve_command())
             assert argv[:2] == ["vllm", "serve"]
             out[f"tune-{name}-{i}"] = argv[2:]
+    # a shared prefix: the search tries prefix caching off, whose line carries --no-enable-prefix-caching
+    r = tune("llama-3.1-8b", gpu="h200", max_gpus=1, targets=LatencyTargets(ttft_s=1.0, tpot_s=0.05), tps=(1,),
+             workload=OnlineWorkload(5.0, 1024, 64, prefix_tokens=512, prefix_share=0.5, duration_s=10))
+    off = next(c for c in r.tried if not c.prefix_caching)
+    argv = shlex.split(off.serve_command())
+    assert "--no-enable-prefix-caching" in argv
+    out["tune-prefix-caching-off"] = argv[2:]
     return out
 
 

@@ -1,11 +1,13 @@
 """``servebook tune``: the cheapest deployment that meets TTFT/TPOT targets at an arrival rate.
 
     servebook tune --config MODEL --gpu h200 --gpus 8 --rate 12 --input-tokens 1024 \\
-        --output-tokens 256 --ttft-ms 500 --tpot-ms 40 [--percentile 90] [--price-per-gpu-hour 3]
+        --output-tokens 256 --ttft-ms 500 --tpot-ms 40 [--percentile 90] [--price-per-gpu-hour 3] \\
+        [--prefix-tokens 512 --prefix-share 0.5] [--speculative ngram:k=4,alpha=0.6]
 
 Searches TP, replicas, KV cache dtype, ``--max-num-seqs`` and ``--max-num-batched-tokens`` on
-vLLM's serve defaults, predicting each candidate's latency with the scheduler simulator, the
-calibrated step model and the measured serving path (``servebook.simulator.tune``).
+vLLM's serve defaults, and prefix caching when the prompts share a prefix, predicting each
+candidate's latency with the scheduler simulator, the calibrated step model and the measured
+serving path (``servebook.simulator.tune``). Speculative decoding is reported on, not searched.
 """
 from __future__ import annotations
 
@@ -26,7 +28,17 @@ def register(sub) -> None:
     p.add_argument("--range-ratio", type=float, default=0.0,
                    help="lengths uniform in [L(1-r), L(1+r)] (default 0: fixed), as vllm bench serve's random dataset")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--prefix-tokens", type=int, default=0, help="leading prompt tokens all requests share")
+    p.add_argument("--prefix-tokens", type=int, default=0,
+                   help="leading prompt tokens the requests share (a system prompt; part of --input-tokens). "
+                        "Candidates are simulated with vLLM's prefix caching on (its default), the hits "
+                        "skipping their prefill; the pick also with it off, for comparison")
+    p.add_argument("--prefix-share", type=float, default=1.0,
+                   help="fraction of requests that carry the shared prefix, in [0, 1] (default 1: all)")
+    p.add_argument("--speculative", default=None, metavar="METHOD:k=K,alpha=A[,model=REF]",
+                   help="speculative decoding to report on (ngram, or draft_model with model=REF), with k draft "
+                        "tokens and per-token acceptance alpha, e.g. ngram:k=4,alpha=0.6. Not searched: the "
+                        "simulator serves one token per request per step; tune prints what the step model "
+                        "alone prices for the pick's batch")
     p.add_argument("--ttft-ms", type=float, help="time-to-first-token target, ms")
     p.add_argument("--tpot-ms", type=float, help="time-per-output-token target, ms")
     p.add_argument("--e2e-s", type=float, help="end-to-end latency target, s")
@@ -63,15 +75,19 @@ def run(args) -> int:
     from servebook.simulator.tune import LatencyTargets, tune
     from servebook.validation import validate_tune_args
 
+    from servebook.perf.speculative import parse_speculative
+
     validate_tune_args(args)   # every flag, before any work (an unknown GPU names the catalogue)
+    speculative = None if args.speculative is None else parse_speculative(args.speculative)
     workload = OnlineWorkload(args.rate, args.input_tokens, args.output_tokens, range_ratio=args.range_ratio,
-                              burstiness=args.burstiness, prefix_tokens=args.prefix_tokens)
+                              burstiness=args.burstiness, prefix_tokens=args.prefix_tokens,
+                              prefix_share=args.prefix_share)
     targets = LatencyTargets(ttft_s=None if args.ttft_ms is None else args.ttft_ms / 1e3,
                              tpot_s=None if args.tpot_ms is None else args.tpot_ms / 1e3,
                              e2e_s=args.e2e_s, percentile=args.percentile, headroom=args.headroom)
     result = tune(args.config, gpu=args.gpu, max_gpus=args.gpus, workload=workload, targets=targets,
                   price_per_gpu_hour=args.price_per_gpu_hour, max_model_len=args.max_model_len, tps=_tps(args.tp),
-                  kv_cache_dtypes=args.kv_cache_dtypes)
+                  kv_cache_dtypes=args.kv_cache_dtypes, speculative=speculative)
     print(json.dumps(to_json(result), indent=1) if args.json else render(result))
     return 0 if result.best else 1
 
@@ -101,7 +117,8 @@ def render(result) -> str:
     arrivals = "Poisson" if w.burstiness == 1 else f"gamma gaps, burstiness {w.burstiness:g}"
     goals = [f"p{q} {n} <= {_ms(v)}" for n, v in (("TTFT", t.ttft_s), ("TPOT", t.tpot_s), ("end-to-end", t.e2e_s))
              if v is not None]
-    lines = [f"{w.rate_per_s:g} requests/s ({arrivals}; prompts {w.input_tokens}{spread}, outputs "
+    prefix = (f"; a {w.prefix_tokens}-token shared prefix on {w.prefix_share:.0%} of them" if w.shares_prefix else "")
+    lines = [f"{w.rate_per_s:g} requests/s ({arrivals}; prompts {w.input_tokens}{spread}{prefix}, outputs "
              f"{w.output_tokens}{spread} tokens) on at most {result.max_gpus} {result.gpu.upper()}",
              f"targets: {', '.join(goals)}; a prediction must beat each by {t.factor - 1:.0%} (the model's error allowance)",
              ""]

@@ -247,3 +247,62 @@ def k_for_batch(schedule, batch: int, num_speculative_tokens: int) -> int:
         if start <= batch <= end:
             break
     return min(int(k), num_speculative_tokens)
+
+
+#: Methods a speculation request (:func:`parse_speculative`) may name: those whose drafting this
+#: module can price without a separate head description.
+ASKABLE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeAsk:
+    """Speculative decoding a search is asked to consider.
+
+    Attributes:
+        method: ``"ngram"`` (prompt lookup, no GPU cost) or ``"draft_model"``.
+        k: draft tokens per step (>= 1).
+        alpha: expected per-token acceptance, a probability in [0, 1] (workload-dependent: measure it,
+            e.g. Lab 7's ``LLM.get_metrics()``).
+        draft_model: config.json path or reference id of the draft model (``draft_model`` only).
+    """
+
+    method: str
+    k: int
+    alpha: float
+    draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in ASKABLE_METHODS:
+            raise ServebookError(f"--speculative method {self.method!r} is not priced here; use one of "
+                                 f"{', '.join(ASKABLE_METHODS)} (e.g. ngram:k=4,alpha=0.6)")
+        if int(self.k) != self.k or self.k < 1:
+            raise ServebookError(f"--speculative needs k >= 1 draft tokens per step, got k={self.k}")
+        if not (0.0 <= self.alpha <= 1.0):
+            raise ServebookError(f"--speculative alpha is a per-token acceptance probability in [0, 1], got {self.alpha}")
+        if (self.method == "draft_model") != (self.draft_model is not None):
+            raise ServebookError("--speculative draft_model needs model=REF (the draft's config.json or reference "
+                                 "id), and only draft_model takes one")
+
+    def text(self) -> str:
+        extra = f", draft {self.draft_model}" if self.draft_model else ""
+        return f"{self.method}, k={self.k}, alpha {self.alpha:g}{extra}"
+
+
+def parse_speculative(text: str) -> SpeculativeAsk:
+    """``METHOD:k=K,alpha=A[,model=REF]`` (e.g. ``ngram:k=4,alpha=0.6``) as a :class:`SpeculativeAsk`."""
+    method, _, rest = str(text).partition(":")
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or key.strip() not in ("k", "alpha", "model"):
+            raise ServebookError(f"--speculative {text!r}: write METHOD:k=K,alpha=A[,model=REF], "
+                                 "e.g. ngram:k=4,alpha=0.6")
+        fields[key.strip()] = value.strip()
+    if "k" not in fields or "alpha" not in fields:
+        raise ServebookError(f"--speculative {text!r} needs both k and alpha, e.g. ngram:k=4,alpha=0.6")
+    try:
+        k, alpha = int(fields["k"]), float(fields["alpha"])
+    except ValueError:
+        raise ServebookError(f"--speculative {text!r}: k is a whole number and alpha a probability, "
+                             "e.g. ngram:k=4,alpha=0.6") from None
+    return SpeculativeAsk(method.strip(), k, alpha, fields.get("model"))

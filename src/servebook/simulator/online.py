@@ -46,7 +46,11 @@ class OnlineWorkload:
             --random-range-ratio``.
         burstiness: shape of the gamma-distributed gaps (1 = Poisson; below 1 burstier), as
             ``vllm bench serve --burstiness``.
-        prefix_tokens: leading prompt tokens every request shares (a system prompt), tokens.
+        prefix_tokens: leading prompt tokens the requests that carry the shared prefix (a system
+            prompt) have in common, tokens.
+        prefix_share: fraction of requests that carry that prefix, in [0, 1] (default 1: all). The
+            carriers are spread evenly over the arrivals (request ``i`` carries it when
+            ``floor((i + 1) s) > floor(i s)``), so the draws of arrivals and lengths do not depend on it.
         num_requests: requests simulated per replica; None: enough for ``duration_s`` of arrivals.
         duration_s: seconds of arrivals simulated when ``num_requests`` is None.
         seed: random seed of arrivals and lengths.
@@ -58,6 +62,7 @@ class OnlineWorkload:
     range_ratio: float = 0.0
     burstiness: float = 1.0
     prefix_tokens: int = 0
+    prefix_share: float = 1.0
     num_requests: int | None = None
     duration_s: float = 30.0
     seed: int = 0
@@ -74,7 +79,20 @@ class OnlineWorkload:
         if not self.burstiness > 0:
             raise ServebookError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
         if not 0 <= self.prefix_tokens < self.input_tokens:
-            raise ServebookError(f"--prefix-tokens must be in [0, input tokens), got {self.prefix_tokens}")
+            raise ServebookError(f"--prefix-tokens must be in [0, input tokens), got {self.prefix_tokens}: the shared "
+                                 f"prefix is part of a prompt of about {self.input_tokens} tokens, so it must be shorter")
+        if not (0.0 <= self.prefix_share <= 1.0):
+            raise ServebookError(f"--prefix-share must be a fraction of requests in [0, 1], got {self.prefix_share}")
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether any request carries a shared prefix (prefix tokens > 0 and a share > 0)."""
+        return self.prefix_tokens > 0 and self.prefix_share > 0
+
+    def carries_prefix(self, i: int) -> bool:
+        """Whether request ``i`` carries the shared prefix (carriers spread evenly, see ``prefix_share``)."""
+        s = self.prefix_share
+        return self.shares_prefix and (s >= 1.0 or math.floor((i + 1) * s) > math.floor(i * s))
 
     @property
     def max_request_tokens(self) -> int:
@@ -119,10 +137,14 @@ class OnlineWorkload:
                 hi = max(lo, int(math.ceil(mean * (1 + self.range_ratio))))
                 return rng.integers(lo, hi + 1, size=n)
 
-            ins, outs = lengths(self.input_tokens, self.prefix_tokens + 1), lengths(self.output_tokens, 2)
-        prefix = "shared" if self.prefix_tokens else None
-        return [RequestSpec(f"r{i}", int(ins[i]), int(outs[i]), float(arrivals[i]), prefix, self.prefix_tokens)
-                for i in range(n)]
+            low = self.prefix_tokens + 1 if self.shares_prefix else 1
+            ins, outs = lengths(self.input_tokens, low), lengths(self.output_tokens, 2)
+        out = []
+        for i in range(n):
+            carried = self.carries_prefix(i)
+            out.append(RequestSpec(f"r{i}", int(ins[i]), int(outs[i]), float(arrivals[i]),
+                                   "shared" if carried else None, self.prefix_tokens if carried else 0))
+        return out
 
     def _numpy_free_draws(self, n: int) -> bool:
         """Whether :data:`POISSON_DRAWS_FILE` holds this traffic's draws: Poisson arrivals, fixed
@@ -200,7 +222,9 @@ def latency_band_text(band: dict | None, gpu: str) -> str:
 class LatencyPrediction:
     """One replica's predicted latencies and throughput at ``rate_per_s``.
 
-    ``ttft_s`` and ``tpot_s`` map a percentile (50, 90, 99) to seconds. ``saturated`` is True when
+    ``ttft_s`` and ``tpot_s`` map a percentile (50, 90, 99) to seconds. ``prefix_hit_share`` is the
+    fraction of prompt tokens served from the prefix cache (their prefill skipped by the simulated
+    scheduler; 0 without a shared prefix). ``saturated`` is True when
     the replica's queue grows through the run (the last quarter of arrivals waits for its first token
     more than 1.5x as long as the second quarter, plus 0.2 s): it does not keep up, and its latencies
     grow with the length of the run.
@@ -218,8 +242,10 @@ class LatencyPrediction:
     saturated: bool
     num_requests: int
     serving_path: ServingPath = field(default_factory=ServingPath)
+    prefix_hit_share: float = 0.0
 
     def to_dict(self) -> dict:
+        hits = {"prefix_hit_share": self.prefix_hit_share} if self.prefix_hit_share else {}
         return {"rate_per_s": self.rate_per_s,
                 **{f"ttft_p{p}_s": self.ttft_s[p] for p in PERCENTILES},
                 **{f"tpot_p{p}_s": self.tpot_s[p] for p in PERCENTILES},
@@ -229,7 +255,7 @@ class LatencyPrediction:
                 "preemptions": self.preemptions, "saturated": self.saturated,
                 "num_requests": self.num_requests,
                 "serving_path": {"ttft_s": self.serving_path.ttft_s, "tpot_s": self.serving_path.tpot_s,
-                                 "source": self.serving_path.source}}
+                                 "source": self.serving_path.source}} | hits
 
 
 def replica_engine(plan):
@@ -286,7 +312,8 @@ def served_latency(result, *, serving_path: ServingPath = ServingPath()) -> Late
         e2e_s={p: percentile(e2e, p) for p in PERCENTILES},
         output_tokens_per_s=s["output_tokens_per_s"], requests_per_s=s["requests_per_s"],
         mean_running=s["mean_running"], peak_running=s["peak_running"], preemptions=result.num_preemptions,
-        saturated=bool(saturated), num_requests=len(reqs), serving_path=serving_path)
+        saturated=bool(saturated), num_requests=len(reqs), serving_path=serving_path,
+        prefix_hit_share=sum(r.prefix_hit_tokens for r in reqs) / max(1, sum(r.prompt_tokens for r in reqs)))
 
 
 def predict_latency(plan, workload: OnlineWorkload, *, replicas: int = 1,

@@ -12,14 +12,30 @@ target: that count is the cheapest. Within it, vLLM's defaults are tried first a
 changed only when the defaults miss (ties go to fewer changed flags, then to the larger margin).
 When nothing within the GPUs meets the targets, :attr:`TuneResult.binding` says which target
 binds and what would relax it.
+
+Prefix caching: when the workload carries a shared prefix (``prefix_tokens`` x ``prefix_share``),
+every candidate is simulated with vLLM's default (on in 0.32.0,
+:data:`~servebook.vllm_rules.DEFAULT_ENABLE_PREFIX_CACHING`): the scheduler simulator finds the
+cached blocks and schedules only the prompt tokens after them, so the prefill the hits save shortens
+steps, TTFT and queues. Caching off (``--no-enable-prefix-caching``) is simulated for the pick
+and reported beside it (it joins the candidates tried), not at every shape: in the simulator it
+can only lose (hits remove prefill work, and cached blocks stay evictable, so they never cost
+capacity), and each try is a whole simulation. Sliding-window models' hits are not simulated (a
+note says so): their predictions price every prompt token.
+
+Speculative decoding (``speculative``, a :class:`~servebook.perf.speculative.SpeculativeAsk`) is
+not searched: the simulator emits one token per request per step and cannot price verification
+steps, per-step acceptance or the drafts' KV slots. The result's notes carry what the step model
+alone says of it at the pick's mean batch (:func:`speculation_note`), and no pick carries it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servebook.errors import ServebookError
 from servebook.simulator.online import LatencyPrediction, OnlineWorkload, ServingPath, measured_serving_path
+from servebook.vllm_rules import DEFAULT_ENABLE_PREFIX_CACHING
 
 #: Alternatives to vLLM's defaults the search tries (None = the default of the release).
 MAX_NUM_SEQS_CHOICES = (None, 128, 32)
@@ -102,6 +118,13 @@ class Candidate:
     prediction: LatencyPrediction
     changed_flags: tuple[str, ...]
     misses: dict[str, float] = field(default_factory=dict)
+    prefix_caching: bool = DEFAULT_ENABLE_PREFIX_CACHING
+
+    @property
+    def changes(self) -> int:
+        """How many settings differ from vLLM's defaults (batch flags, KV dtype, prefix caching)."""
+        return (len(self.changed_flags) + (self.plan.kv_cache_dtype != "auto")
+                + (self.prefix_caching != DEFAULT_ENABLE_PREFIX_CACHING))
 
     @property
     def gpus(self) -> int:
@@ -128,6 +151,8 @@ class Candidate:
             args += ["--max-num-batched-tokens", str(p.max_num_batched_tokens)]
         if p.kv_cache_dtype != "auto":
             args += ["--kv-cache-dtype", p.kv_cache_dtype]
+        if self.prefix_caching != DEFAULT_ENABLE_PREFIX_CACHING:
+            args.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
         return shlex.join(args)
 
     def to_dict(self) -> dict:
@@ -135,6 +160,7 @@ class Candidate:
         return {"tp": p.tp, "replicas": self.replicas, "gpus": self.gpus, "kv_cache_dtype": p.kv_cache_dtype,
                 "max_num_seqs": p.max_num_seqs, "max_num_batched_tokens": p.max_num_batched_tokens,
                 "max_model_len": p.max_model_len, "changed_flags": list(self.changed_flags),
+                "prefix_caching": self.prefix_caching,
                 "meets": self.meets, "misses": self.misses,
                 "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
                 "serve_command": self.serve_command(), "prediction": self.prediction.to_dict()}
@@ -162,7 +188,7 @@ class TuneResult:
         figures, the one with the fewest changed flags stands for all."""
         q = self.targets.percentile
         pts = [c for c in self.tried if not c.prediction.saturated and "ttft" not in c.misses]
-        pts.sort(key=lambda c: len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"))
+        pts.sort(key=lambda c: c.changes)
         seen, unique = set(), []
         for c in pts:
             key = (c.gpus, c.plan.tp, round(c.output_tokens_per_s_per_gpu), round(c.prediction.tpot_s[q] * 1e4))
@@ -180,6 +206,8 @@ class TuneResult:
         parts = [f"--{f.replace('_', '-')} {getattr(c.plan, f)}" for f in c.changed_flags]
         if c.plan.kv_cache_dtype != "auto":
             parts.append(f"{c.plan.kv_cache_dtype} KV")
+        if c.prefix_caching != DEFAULT_ENABLE_PREFIX_CACHING:
+            parts.append("prefix caching " + ("on" if c.prefix_caching else "off"))
         return ", ".join(parts) or "defaults"
 
     def binding_one_gpu_fewer(self) -> tuple[str, ...]:
@@ -247,11 +275,13 @@ def default_max_model_len(workload: OnlineWorkload) -> int:
 def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: LatencyTargets,
          price_per_gpu_hour: float | None = None, max_model_len: int | None = None,
          tps: tuple[int, ...] = TP_CHOICES, kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES,
-         serving_path: ServingPath | None = None) -> TuneResult:
+         serving_path: ServingPath | None = None, speculative=None) -> TuneResult:
     """The cheapest deployment of ``model`` on at most ``max_gpus`` ``gpu``s meeting ``targets``.
 
     ``max_model_len``: the engine's context (default: the workload's longest request, rounded up
-    to a multiple of 1,024 tokens). See the module docstring for the search order.
+    to a multiple of 1,024 tokens). ``speculative``: a :class:`~servebook.perf.speculative.SpeculativeAsk`
+    (or its ``METHOD:k=K,alpha=A`` text) to report on; not searched (module docstring). See the module
+    docstring for the search order.
     """
     from servebook.simulator.online import predict_from_requests, replica_engine
     from servebook.vllm_rules import check_tp
@@ -261,6 +291,12 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         raise ServebookError(f"--gpus must be >= 1, got {max_gpus}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ServebookError(f"--price-per-gpu-hour must be >= 0, got {price_per_gpu_hour}")
+    if isinstance(speculative, str):
+        from servebook.perf.speculative import parse_speculative
+
+        speculative = parse_speculative(speculative)
+    if speculative is not None and speculative.draft_model is not None:
+        load_model_spec(speculative.draft_model)   # an unknown draft model fails now, not after the search
     length = max_model_len or default_max_model_len(workload)
     spec = model if not isinstance(model, str) else load_model_spec(model)
     notes: list[str] = []
@@ -288,21 +324,29 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
     tried: list[Candidate] = []
     best: Candidate | None = None
 
-    def evaluate(plan, flags, replicas) -> Candidate:
+    def evaluate(plan, flags, replicas, caching: bool = DEFAULT_ENABLE_PREFIX_CACHING) -> Candidate:
         key = id(plan)
         if key not in engines:
             engines[key] = replica_engine(plan)
         config, step, _ = engines[key]
+        if config.enable_prefix_caching and not caching:
+            # (a sliding-window pool's config has it off already: hits are not simulated there, see the notes)
+            config = replace(config, enable_prefix_caching=False)
         pred = predict_from_requests(workload.requests(workload.rate_per_s / replicas), config, step,
                                      serving_path=path)
-        c = Candidate(plan, replicas, pred, flags, targets.misses(pred))
+        c = Candidate(plan, replicas, pred, flags, targets.misses(pred), caching)
         tried.append(c)
         return c
 
+    def caching_simulated(plan) -> bool:
+        """Whether the simulator models prefix hits for ``plan`` (not for sliding-window pools)."""
+        if id(plan) not in engines:
+            engines[id(plan)] = replica_engine(plan)
+        return engines[id(plan)][0].enable_prefix_caching
+
     def pick(level: list[Candidate]) -> Candidate | None:
         winners = [c for c in level if c.meets]
-        return min(winners, key=lambda c: (len(c.changed_flags) + (c.plan.kv_cache_dtype != "auto"),
-                                           -targets.margin(c.prediction))) if winners else None
+        return min(winners, key=lambda c: (c.changes, -targets.margin(c.prediction))) if winners else None
 
     for gpus in range(1, max_gpus + 1):
         shapes = [(tp, plans) for tp, plans in ladders if gpus % tp == 0]
@@ -328,6 +372,10 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
     if best is not None:
         # where the pick's step times come from (a TP > 1 pick rests on an all-reduce term that is a lower bound)
         notes.append(f"step model: {engines[id(best.plan)][2]}")
+    if workload.shares_prefix:
+        notes.append(_prefix_note(best, workload, targets, caching_simulated, evaluate))
+    if speculative is not None:
+        notes.append(speculation_note(best, speculative, workload))
     return TuneResult(best, tuple(tried), targets, workload, gpu, max_gpus, price_per_gpu_hour, binding,
                       tuple(notes) + ((f"serving path: {path.source}",) if path.source else ()))
 
@@ -369,3 +417,60 @@ def _binding(tried: list[Candidate], targets: LatencyTargets, max_gpus: int, gpu
             f"({value * targets.factor * 1e3:.0f} ms with the {targets.factor - 1:.0%} allowance) against "
             f"{goal[worst] * 1e3:.0f} ms. Relax that target to {value * targets.factor * 1e3:.0f} ms, or give more "
             f"GPUs (--gpus)")
+
+
+def _prefix_note(best: Candidate | None, workload: OnlineWorkload, targets: LatencyTargets, caching_simulated,
+                 evaluate) -> str:
+    """What prefix caching did for the pick: its hit share, and the pick's latencies with the other setting."""
+    shared = (f"a {workload.prefix_tokens:,}-token shared prefix on {workload.prefix_share:.0%} of requests")
+    if best is None:
+        return f"prefix caching: {shared}; nothing met the targets with it on (vLLM's default)"
+    if not caching_simulated(best.plan):
+        return (f"prefix caching: {shared}; vLLM 0.32.0 caches prefixes for this model too, but the simulator does "
+                "not model hits in sliding-window KV groups, so every prompt token's prefill is priced: TTFT and "
+                "the GPU count are upper bounds for this workload")
+    other = evaluate(best.plan, best.changed_flags, best.replicas, not best.prefix_caching)
+    q = targets.percentile
+    on, off = (best, other) if best.prefix_caching else (other, best)
+    return (f"prefix caching: {shared}; with caching on {on.prediction.prefix_hit_share:.0%} of prompt tokens hit the "
+            f"cache (their prefill skipped); this deployment's p{q} TTFT {_ms(on.prediction.ttft_s[q])} with it on, "
+            f"{_ms(off.prediction.ttft_s[q])} with --no-enable-prefix-caching (p{q} TPOT {_ms(on.prediction.tpot_s[q])} "
+            f"vs {_ms(off.prediction.tpot_s[q])}; off {'meets' if off.meets else 'misses'} the targets)")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def speculation_note(best: Candidate | None, ask, workload: OnlineWorkload) -> str:
+    """Speculative decoding as asked (``ask``: :class:`~servebook.perf.speculative.SpeculativeAsk`): why it is
+    not searched, and what the step model alone prices for one decode step of the pick's mean batch."""
+    from servebook.hf_config import load_model_spec
+    from servebook.perf.gpu import gpu_numbers
+    from servebook.perf.model import calibrated_coefficients
+    from servebook.perf.speculative import Drafter, break_even_acceptance, speculative_step
+    from servebook.vllm_rules import async_scheduling_with_speculation
+
+    head = (f"speculative decoding ({ask.text()}) is not searched: the scheduler simulator emits one token per "
+            "request per step, so it cannot price verification steps, per-step acceptance or the drafts' KV slots; "
+            "no pick carries it")
+    if best is None:
+        return head
+    plan = best.plan
+    g = gpu_numbers(plan.gpu_name)
+    coeffs, _ = calibrated_coefficients(g.name, None)
+    batch = max(1, round(best.prediction.mean_running))
+    context = workload.input_tokens + workload.output_tokens / 2
+    drafter = (Drafter() if ask.method == "ngram"
+               else Drafter("draft_model", spec=load_model_spec(ask.draft_model), tp=plan.tp))
+    kw = dict(k=ask.k, batch=batch, context_tokens=context, drafter=drafter, tp=plan.tp,
+              kv_cache_dtype=plan.kv_cache_dtype)
+    s = speculative_step(plan.spec, g, coeffs, alpha=ask.alpha, **kw)
+    even = break_even_acceptance(plan.spec, g, coeffs, **kw)
+    sync = "" if async_scheduling_with_speculation(ask.method) else (
+        f"; with {ask.method} vLLM 0.32.0 also turns async scheduling off, a cost not priced here")
+    return (f"{head}. The step model alone prices a decode step of the pick's mean batch ({batch} running, "
+            f"{context:,.0f}-token context) at {s.step_s * 1e3:.1f} ms for {s.tokens_per_step:.2f} tokens per request "
+            f"against {s.plain_step_s * 1e3:.1f} ms for 1: x{s.speedup:.2f} decode throughput "
+            f"({'it would pay' if s.speedup > 1 else 'it would slow decoding'}; break-even acceptance "
+            f"{'none up to 1' if even is None else f'{even:.2f}'}){sync}")

@@ -30,6 +30,7 @@ from servebook.vllm_rules.cache import (
     BLOCK_SIZE_MULTIPLE,
     CPU_DEFAULT_BLOCK_SIZE,
     CUDA_DEFAULT_BLOCK_SIZE,
+    DEFAULT_ENABLE_PREFIX_CACHING,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     KERNEL_BLOCK_MULTIPLE,
     KV_DTYPE_BYTES,
@@ -50,11 +51,13 @@ from servebook.vllm_rules.parallel import check_tp, check_tp_size, kv_heads_per_
 from servebook.vllm_rules.quantization import act_order_loads
 from servebook.vllm_rules.release import GPU_LAB_VLLM, PINNED_VLLM, RULE_RELEASES, rule_release
 from servebook.vllm_rules.scheduler import (
+    ASYNC_SPECULATIVE_METHODS,
     CPU_BATCH_DEFAULTS,
     LARGE_GPU_BATCH_DEFAULTS,
     LARGE_GPU_BYTES,
     SMALL_GPU_BATCH_DEFAULTS,
     USAGE_CONTEXTS,
+    async_scheduling_with_speculation,
     check_batch_budget,
     check_long_prefill_threshold,
     decode_unsettled_tokens,
@@ -67,10 +70,10 @@ from servebook.vllm_rules.scheduler import (
 
 __all__ = [
     "BLACKWELL_CUDAGRAPH_MAX_TOKENS", "act_order_loads", "pads_undivided_pages", "BLOCK_SIZE_MULTIPLE", "CPU_BATCH_DEFAULTS", "CPU_DEFAULT_BLOCK_SIZE", "CUDA_DEFAULT_BLOCK_SIZE",
-    "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KERNEL_BLOCK_MULTIPLE",
+    "DEFAULT_CUDAGRAPH_MAX_TOKENS", "DEFAULT_ENABLE_PREFIX_CACHING", "DEFAULT_GPU_MEMORY_UTILIZATION", "GPU_LAB_VLLM", "KERNEL_BLOCK_MULTIPLE",
     "KV_DTYPE_BYTES", "RULE_RELEASES", "default_cudagraph_cap", "effective_long_prefill_threshold", "rule_release", "sliding_block_size",
     "LARGE_GPU_BATCH_DEFAULTS", "LARGE_GPU_BYTES", "MAX_BLOCK_SIZE", "PINNED_VLLM", "SMALL_GPU_BATCH_DEFAULTS",
-    "USAGE_CONTEXTS", "check_batch_budget", "check_long_prefill_threshold",
+    "USAGE_CONTEXTS", "ASYNC_SPECULATIVE_METHODS", "async_scheduling_with_speculation", "check_batch_budget", "check_long_prefill_threshold",
     "SLIDING_KERNEL_BLOCK_SIZE", "check_block_size", "check_tp", "check_tp_size", "check_utilization", "cudagraph_max_tokens",
     "decode_unsettled_tokens", "default_async_scheduling", "default_block_size", "in_flight_tokens",
     "kv_dtype_bytes", "kv_heads_per_gpu", "max_concurrent_batches", "sliding_window_hold_tokens",

@@ -17,6 +17,11 @@ Device = Literal["cuda", "cpu"]
 #: 0.27.1 and 0.32.0 (``config/cache.py``: ``Field(default=0.92, gt=0, le=1)``; older releases used 0.9).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
+#: Whether ``vllm serve`` caches prefixes when ``--enable-prefix-caching`` is not given (0.32.0:
+#: ``CacheConfig.enable_prefix_caching`` defaults to True, and ``ModelConfig`` keeps it on for every
+#: generative decoder, attention/state-space hybrids included; vllm_claims.toml checks both).
+DEFAULT_ENABLE_PREFIX_CACHING = True
+
 #: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (tokens, ``config/cache.py``); CUDA attention
 #: backends (FLASH_ATTN, FLASH_ATTN_MLA on Hopper, TRITON_ATTN) accept it.
 CUDA_DEFAULT_BLOCK_SIZE = 16

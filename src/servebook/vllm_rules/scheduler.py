@@ -68,6 +68,20 @@ def default_async_scheduling(device: str = "cuda") -> bool:
     return device == "cuda"
 
 
+#: Speculative methods with which vLLM 0.32.0 leaves async scheduling on when it is left unset
+#: (``VllmConfig.__post_init__`` in ``config/vllm.py``): the EAGLE family (``eagle``, ``eagle3``,
+#: ``extract_hidden_states``, the MTP model types, ``dflash``), ``ngram_gpu``, ``draft_model`` and
+#: ``dspark``. Every other method (``ngram``, ``suffix``, ``medusa``, ...) turns it off with a warning.
+ASYNC_SPECULATIVE_METHODS = frozenset({"eagle", "eagle3", "extract_hidden_states", "mtp", "dflash", "ngram_gpu",
+                                       "draft_model", "dspark"})
+
+
+def async_scheduling_with_speculation(method: str, device: str = "cuda") -> bool:
+    """Whether async scheduling stays on (left unset) when speculative decoding uses ``method``
+    (vLLM 0.32.0; ``mtp`` stands for its MTP model types). Off on CPU regardless."""
+    return default_async_scheduling(device) and method in ASYNC_SPECULATIVE_METHODS
+
+
 def max_concurrent_batches(async_scheduling: bool) -> int:
     """Engine steps that may be scheduled but not yet processed: 2 with async scheduling, else 1.
 
