@@ -122,3 +122,13 @@ def test_the_default_answer_is_the_mean_wall_time_over_random_draws_of_the_job(s
 
 def _work_typed(n):
     return Workload(n, LengthDistribution.lognormal(300, 0.5), LengthDistribution.lognormal(400, 0.5))
+
+
+def test_a_recorded_jobs_lengths_enter_whole_for_the_replay_and_as_quantiles_for_the_steady_state():
+    lengths = list(range(1, 1001))                      # a job of 1,000 requests, 1..1000 tokens
+    dist = LengthDistribution.of_job(lengths)
+    assert len(dist.samples) == 64 and max(dist.samples) < 1000
+    assert dist.job_lengths(1000) == [float(x) for x in lengths]            # all of them, longest included
+    fewer = dist.job_lengths(100)                       # a replay shorter than the job: spread, not the shortest
+    assert len(fewer) == 100 and min(fewer) <= 10 and max(fewer) >= 990
+    assert dist.job_lengths(2000).count(1000.0) == 2    # cycled past the job's size

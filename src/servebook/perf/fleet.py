@@ -56,6 +56,8 @@ class LengthDistribution:
     #: ``(mean_tokens, cv, max_tokens)`` when the samples are a lognormal's quantiles, so a job's
     #: ``n`` requests can be drawn as ``n`` quantiles (:meth:`job_lengths`); None for given samples.
     lognormal_params: tuple[float, float, int | None] | None = None
+    #: a recorded job's own lengths (:meth:`of_job`): the replay of its ramp and drain takes them whole.
+    job_draws: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if not self.samples or min(self.samples) < 1:
@@ -87,10 +89,16 @@ class LengthDistribution:
         quantiles at ``(i + 0.625) / (n + 0.25)``): the longest is as long as the longest of ``n``
         requests is expected to be, and the longest request sets a job's drain. The 64 quantiles the
         steady state uses would cut a 192-request job's longest output from about 1,940 to 1,680
-        tokens at mean 600, cv 0.5. Given samples are cycled (``n`` of them, in order).
+        tokens at mean 600, cv 0.5. A recorded job's own lengths (:meth:`of_job`) are taken whole (``n``
+        evenly spaced of them when ``n`` is smaller; cycled past the job's size); other given samples are cycled (``n`` of them, in order).
         """
         if n < 1:
             raise ServebookError(f"a job needs at least 1 request, got {n}")
+        if self.job_draws is not None:
+            draws, m = self.job_draws, len(self.job_draws)      # sorted
+            if n <= m:   # n evenly spaced of the job's sorted lengths (all of them when n == m)
+                return [draws[int((i + 0.5) * m / n)] for i in range(n)]
+            return sorted(draws[i % m] for i in range(n))
         if self.lognormal_params is None:
             return [self.samples[i % len(self.samples)] for i in range(n)]
         from statistics import NormalDist
@@ -101,6 +109,16 @@ class LengthDistribution:
         # Blom's plotting positions: the i-th of n sorted draws is expected near this quantile
         xs = [max(1.0, math.exp(mu + sigma * NormalDist().inv_cdf((i + 0.625) / (n + 0.25)))) for i in range(n)]
         return [min(x, max_tokens) for x in xs] if max_tokens else xs
+
+    @classmethod
+    def of_job(cls, lengths, *, n: int = 64) -> "LengthDistribution":
+        """A recorded job's lengths: ``n`` quantiles of them for the steady state (its cost grows with
+        the samples), all of them for :meth:`job_lengths` (the longest sets the job's drain)."""
+        ordered = sorted(float(x) for x in lengths)
+        if not ordered:
+            raise ServebookError("a job needs at least one length")
+        q = [ordered[min(len(ordered) - 1, int((i + 0.5) * len(ordered) / n))] for i in range(n)]
+        return cls(tuple(q), job_draws=tuple(ordered))
 
     @classmethod
     def from_samples(cls, samples) -> "LengthDistribution":

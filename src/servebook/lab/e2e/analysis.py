@@ -165,8 +165,9 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     """``servebook fleet --finite-job`` for the job: fleet's steady state plus the simulated ramp and drain.
 
-    The job's own lengths enter, all of them, as in :func:`servebook.lab.e2e.plan.predict` (64 quantiles
-    of them, as before 2026-12-03, left out the job's longest requests, which set its drain).
+    The job's own lengths enter as in :func:`servebook.lab.e2e.plan.predict`: 64 quantiles for the steady
+    state, all of them for the replay (64 quantiles there, as before 2026-12-03, left out the job's
+    longest requests, which set its drain).
     """
     from servebook.hf_config import load_model_spec
     from servebook.simulator.finite_job import finite_job_seconds
@@ -178,8 +179,8 @@ def finite_job(doc: dict, job: dict, *, gpu: str | None = None) -> dict:
     numbers = gpu_numbers(g)
     coeffs, _ = calibrated_coefficients(numbers.name)
     flags, cols = doc["engine_args"], job["request_columns"]
-    work = Workload(len(cols["prompt_tokens"]), LengthDistribution.from_samples(cols["prompt_tokens"]),
-                    LengthDistribution.from_samples(cols["output_tokens"]))
+    work = Workload(len(cols["prompt_tokens"]), LengthDistribution.of_job(cols["prompt_tokens"]),
+                    LengthDistribution.of_job(cols["output_tokens"]))
     d = Deployment.of(load_model_spec(doc["config"], name=doc["model_id"]), gpu=numbers, gpus=1, name=doc["model_id"],
                       max_num_seqs=int(flags["max_num_seqs"]), max_num_batched_tokens=int(flags["max_num_batched_tokens"]),
                       gpu_memory_utilization=float(flags["gpu_memory_utilization"]),

@@ -215,8 +215,9 @@ def predict(config: dict | str, inputs: list[int], outputs: list[int], engine_ar
             gpu: str = "h200") -> dict:
     """What ``servebook fleet`` predicts for this job on one ``gpu`` with these engine flags.
 
-    The job's own drawn lengths enter as the length distributions (fleet treats prompt and output
-    lengths as independent); its replay of the ramp and drain then holds the job's longest request. Returns ``seconds`` (wall time of the whole job), ``output_tokens_per_s``,
+    The job's own drawn lengths enter as 64 quantiles each for the steady state and whole for the
+    replay of the ramp and drain (:meth:`~servebook.perf.fleet.LengthDistribution.of_job`; fleet treats
+    prompt and output lengths as independent). Returns ``seconds`` (wall time of the whole job), ``output_tokens_per_s``,
     ``batch`` (decode batch), ``batch_kv_bound``, ``step_s`` and ``bound``.
     """
     from servebook.hf_config import load_model_spec
@@ -227,7 +228,7 @@ def predict(config: dict | str, inputs: list[int], outputs: list[int], engine_ar
     spec = load_model_spec(config)
     g = gpu_numbers(gpu)
     coeffs, where = calibrated_coefficients(g.name)
-    work = Workload(len(inputs), LengthDistribution.from_samples(inputs), LengthDistribution.from_samples(outputs))
+    work = Workload(len(inputs), LengthDistribution.of_job(inputs), LengthDistribution.of_job(outputs))
     d = Deployment.of(spec, gpu=g, gpus=1, name=spec.name, tp=1,
                    max_num_seqs=int(engine_args["max_num_seqs"]),
                    max_num_batched_tokens=int(engine_args["max_num_batched_tokens"]),
