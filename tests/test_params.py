@@ -139,6 +139,18 @@ def test_gemma_4_31b_text_matches_checkpoint_minus_vision_tower():
     assert load_model_spec("gemma-4-31b").params.total == 31_273_088_876 - vision
 
 
+def test_gemma_4_v_slot_is_loaded_but_not_a_checkpoint_parameter():
+    # vLLM's Gemma 4 gives its K=V (global) layers a V projection filled with the K weights:
+    # in the weight bytes, not in the checkpoint's count.
+    spec = load_model_spec("gemma-4-31b")
+    cfg = spec.raw["text_config"]
+    globals_ = sum(layer.kind == "full" for layer in spec.layers)
+    v_slot = globals_ * cfg["hidden_size"] * cfg["num_global_key_value_heads"] * cfg["global_head_dim"]
+    assert cfg["attention_k_eq_v"] and spec.params.engine_only == v_slot
+    assert spec.weight_bytes == 2 * (spec.params.total + v_slot)
+    assert load_model_spec("gemma-3-27b").params.engine_only == 0
+
+
 # --- weight bytes as loaded -----------------------------------------------------
 
 

@@ -257,6 +257,9 @@ class _Tensor:
     #: the projection's name inside its block as vLLM names it (``q_proj``, ``down_proj``,
     #: ``experts``); "" when not named. Quantization configs exclude modules by these names.
     module: str = ""
+    #: False for a tensor the engine allocates but the checkpoint does not hold (Gemma 4's V slot
+    #: on K=V layers): it counts in the weight bytes, not in the parameter count.
+    in_checkpoint: bool = True
 
     @property
     def numel(self) -> int:
@@ -424,16 +427,20 @@ def _gqa_attention_tensors(
     o_bias: bool,
     qk_norm: bool,
     has_v: bool = True,
+    v_in_checkpoint: bool = True,
     owns_kv: bool = True,
 ) -> list[_Tensor]:
-    """q/k/v/o projections (+ biases, q/k norms) of a grouped-query attention layer."""
+    """q/k/v/o projections (+ biases, q/k norms) of a grouped-query attention layer.
+
+    ``v_in_checkpoint=False``: the V projection is allocated (``has_v``) but not stored."""
     hidden = f.int("hidden_size")
     q_heads = f.int("num_attention_heads")
     t = _linear(ATTENTION, q_heads * head_dim, hidden, qkv_bias, module="q_proj")
     if owns_kv:
         t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias, module="k_proj")
         if has_v:
-            t += _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias, module="v_proj")
+            v = _linear(ATTENTION, num_kv_heads * head_dim, hidden, qkv_bias, module="v_proj")
+            t += [replace(x, in_checkpoint=v_in_checkpoint) for x in v]
     t += _linear(ATTENTION, hidden, q_heads * head_dim, o_bias, module="o_proj")
     if qk_norm:
         t.append(_Tensor(ATTENTION, head_dim))  # q_norm
@@ -599,6 +606,7 @@ def _gemma(f: _Fields, family: str, tied: bool) -> _Model:
             # loads the K weights into the V slot too (gemma4.py, "no structural difference needed"):
             # the V projection is allocated whether or not the checkpoint has one.
             has_v=True,
+            v_in_checkpoint=has_v,
             owns_kv=sources[i] is None,
         )
         tensors += _norms(hidden, 4)  # input, post-attention, pre- and post-feedforward
@@ -859,7 +867,9 @@ def _describe(cfg: dict) -> tuple[str, str, dict, _Fields, _Model]:
 
 
 def _param_count(model: _Model) -> ParamCount:
-    tensors = model.global_tensors + [t for layer in model.layers for t in layer.tensors]
+    """Parameters the checkpoint holds; those the engine only allocates in ``engine_only``."""
+    every = model.global_tensors + [t for layer in model.layers for t in layer.tensors]
+    tensors = [t for t in every if t.in_checkpoint]
     by_cat = {c: 0 for c in (EMBEDDING, LM_HEAD, ATTENTION, MLP_DENSE, EXPERTS, OTHER)}
     for t in tensors:
         by_cat[t.category] += t.numel
@@ -872,6 +882,7 @@ def _param_count(model: _Model) -> ParamCount:
         mlp_dense=by_cat[MLP_DENSE],
         experts=by_cat[EXPERTS],
         norms_and_other=by_cat[OTHER],
+        engine_only=sum(t.numel for t in every if not t.in_checkpoint),
     )
 
 

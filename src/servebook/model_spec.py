@@ -85,7 +85,7 @@ class ParamCount:
     """Parameter counts computed from the config's shapes.
 
     Attributes:
-        total: every parameter resident in memory (all experts, embeddings, head).
+        total: every parameter the checkpoint holds (all experts, embeddings, head).
         active: parameters used per token (top-k experts only).
         embedding: input embedding parameters.
         lm_head: output projection parameters (0 when tied to the embedding).
@@ -93,6 +93,9 @@ class ParamCount:
         mlp_dense: dense MLPs (non-MoE layers) plus shared experts.
         experts: all routed experts, all MoE layers.
         norms_and_other: norms, router gates, biases and the rest.
+        engine_only: parameters the engine allocates and multiplies by every token beyond the
+            checkpoint's (Gemma 4's V projection on its K=V layers, filled with the K weights);
+            in none of the counts above.
     """
 
     total: int
@@ -103,6 +106,7 @@ class ParamCount:
     mlp_dense: int
     experts: int
     norms_and_other: int
+    engine_only: int = 0
 
 
 @dataclass(frozen=True)

@@ -122,13 +122,14 @@ def _head_params(spec: ModelSpec) -> int:
 
 
 def _bytes_per_param(spec: ModelSpec) -> float:
-    return spec.weight_bytes / max(spec.params.total, 1)
+    return spec.weight_bytes / max(spec.params.total + spec.params.engine_only, 1)
 
 
 def matmul_params_per_token(spec: ModelSpec) -> int:
-    """Parameters in linear layers one token runs through, excluding embedding and LM head."""
+    """Parameters in linear layers one token runs through, excluding embedding and LM head
+    (the engine's own, ``params.engine_only``, included: it multiplies by them too)."""
     head_and_embedding = spec.params.embedding + (spec.params.lm_head or 0)
-    return spec.params.active - head_and_embedding
+    return spec.params.active + spec.params.engine_only - head_and_embedding
 
 
 def expert_flops_per_token(spec: ModelSpec) -> float:
