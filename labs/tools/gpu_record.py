@@ -145,16 +145,26 @@ GPTQ_BLOCK_MODULES = [["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj
 def dummy_ready(cfg: dict) -> tuple[dict, str | None]:
     """The config as a dummy-weights engine must see it, and what was added (None: unchanged).
 
-    vLLM (``AutoGPTQConfig.maybe_update_config``) takes the GPTQ layers to quantize from
-    ``modules_in_block_to_quantize`` or else from the checkpoint's safetensors dtypes; with
-    ``load_format="dummy"`` there are none and every layer would load 16-bit. Naming every
-    projection of the block is what a real checkpoint's safetensors say.
+    - GPTQ: vLLM (``AutoGPTQConfig.maybe_update_config``) takes the layers to quantize from
+      ``modules_in_block_to_quantize`` or else from the checkpoint's safetensors dtypes; with
+      ``load_format="dummy"`` there are none and every layer would load 16-bit. Naming every
+      projection of the block is what a real checkpoint's safetensors say.
+    - Gemma 4 text configs: transformers 5.17 (the GPU image's) marks ``head_dim`` a per-layer
+      attribute and refuses a global read unless ``allow_global_per_layer_attribute_access`` is set;
+      vLLM 0.26.0 reads the global value while building its model config, so the engine would not
+      start (2026-12-02). The flag changes no shape: vLLM's Gemma 4 model reads each layer's
+      head size from the layer types itself.
     """
+    notes = []
     quant = cfg.get("quantization_config") or {}
-    if str(quant.get("quant_method", "")).lower() != "gptq" or quant.get("modules_in_block_to_quantize"):
-        return cfg, None
-    out = dict(cfg, quantization_config=dict(quant, modules_in_block_to_quantize=GPTQ_BLOCK_MODULES))
-    return out, "added quantization_config.modules_in_block_to_quantize (every block projection) for dummy weights"
+    if str(quant.get("quant_method", "")).lower() == "gptq" and not quant.get("modules_in_block_to_quantize"):
+        cfg = dict(cfg, quantization_config=dict(quant, modules_in_block_to_quantize=GPTQ_BLOCK_MODULES))
+        notes.append("added quantization_config.modules_in_block_to_quantize (every block projection) for dummy weights")
+    if cfg.get("model_type") == "gemma4_text" and "allow_global_per_layer_attribute_access" not in cfg:
+        cfg = dict(cfg, allow_global_per_layer_attribute_access=True)
+        notes.append("added allow_global_per_layer_attribute_access=true (transformers 5.17's per-layer config "
+                     "refuses vLLM 0.26.0's global head_dim read)")
+    return cfg, "; ".join(notes) or None
 
 
 def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None,
