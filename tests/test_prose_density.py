@@ -5,7 +5,8 @@ written out in sentences: the reader loses the argument. This file counts, per p
 the numbers a reader meets: every glued value (``{glue:text}`...```, ``{glue}`...```) and every
 numeral written in the text. It does not count what is not a quantity: inline code (a flag and
 its value are an instruction, not a figure), the targets of roles and links, section numbers
-(``6.11``), and numerals inside a name (``H200``, ``Qwen3-32B``, ``fp8``, ``TP 2`` counts once).
+(``6.11``), and numerals inside a name (``H200``, ``Qwen3-32B``, ``fp8``, a family's version as in
+``Llama 3.1 70B``; ``TP 2`` counts once).
 
 Tables, code cells, headings, directive options and figure captions are not paragraphs; a list
 item is one. Pages not yet trimmed are listed in ``PAGES_STILL_DENSE``; a listed page that is no
@@ -19,41 +20,18 @@ from pathlib import Path
 import pytest
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
-#: The most numbers one paragraph of a chapter page may carry (the issue's "~5", with one to spare
-#: for a paragraph that states a figure and its band).
-MAX_NUMBERS = 6
+#: The most numbers one paragraph of a chapter page may carry (issue 38: "at most ~5").
+MAX_NUMBERS = 5
 #: Pages whose paragraphs have not been trimmed yet: page -> why it is still listed.
-PAGES_STILL_DENSE: dict[str, str] = {
-    "06-01-why-a-serving-engine.md": "not trimmed yet (issue 38)",
-    "06-02-paged-attention.md": "not trimmed yet (issue 38)",
-    "06-03-continuous-batching.md": "not trimmed yet (issue 38)",
-    "06-04-prefill-and-decode.md": "not trimmed yet (issue 38)",
-    "06-05-memory-budget.md": "not trimmed yet (issue 38)",
-    "06-06-gpu-memory-utilization.md": "not trimmed yet (issue 38)",
-    "06-07-max-model-len.md": "not trimmed yet (issue 38)",
-    "06-08-kv-cache-dtype.md": "not trimmed yet (issue 38)",
-    "06-09-max-num-seqs.md": "not trimmed yet (issue 38)",
-    "06-10-max-num-batched-tokens.md": "not trimmed yet (issue 38)",
-    "06-11-chunked-prefill.md": "not trimmed yet (issue 38)",
-    "06-12-prefix-caching.md": "not trimmed yet (issue 38)",
-    "06-13-async-scheduling-cuda-graphs.md": "not trimmed yet (issue 38)",
-    "06-14-parallelism.md": "not trimmed yet (issue 38)",
-    "06-15-moe-vs-dense.md": "not trimmed yet (issue 38)",
-    "06-16-speculative-decoding.md": "not trimmed yet (issue 38)",
-    "06-19-tuning-acceptance.md": "not trimmed yet (issue 38)",
-    "06-20-deployment-15k.md": "not trimmed yet (issue 38)",
-    "06-21-deployment-30k.md": "not trimmed yet (issue 38)",
-    "06-22-ten-million-requests.md": "not trimmed yet (issue 38)",
-    "06-23-batch-tactics.md": "not trimmed yet (issue 38)",
-    "06-25-takeaways.md": "not trimmed yet (issue 38)",
-    "06-27-beyond-one-engine.md": "not trimmed yet (issue 38)",
-}
+PAGES_STILL_DENSE: dict[str, str] = {}
 
 _GLUE = re.compile(r"\{glue(?::text)?\}`[^`]*`")
 _ROLE = re.compile(r"\{[a-z:]+\}`[^`]*`")          # {ref}`...`, {doc}`...`, {numref}`...`, {term}`...`
 _CODE = re.compile(r"``[^`]+``|`[^`]*`")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
 _SECTION = re.compile(r"(?<![\d.,])6\.\d{1,2}(?![\d,])")
+#: A model family's version is part of its name: Llama 3.1 70B, Gemma 4 31B, Qwen 3.
+_MODEL_NAME = re.compile(r"\b(Llama|Gemma|Qwen|Mistral|Mixtral|DeepSeek|Phi|GLM|GPT)[ -]?\d[\d.]*")
 #: A numeral standing alone: 16,384  0.90  2.5x  15%  ~70  -1.5  (not a part of a word such as H200).
 _NUMERAL = re.compile(r"(?<![\w.\-])[~+\-−]?\d[\d,]*(?:\.\d+)?(?:[x×%]|\b)(?![\w\-])")
 
@@ -62,7 +40,7 @@ def numbers_in(paragraph: str) -> int:
     """How many numbers the paragraph's reader meets (glued values plus numerals in the text)."""
     glued = len(_GLUE.findall(paragraph))
     text = _GLUE.sub(" ", paragraph)
-    for pattern in (_ROLE, _CODE, _LINK_TARGET, _SECTION):
+    for pattern in (_ROLE, _CODE, _LINK_TARGET, _SECTION, _MODEL_NAME):
         text = pattern.sub(" ", text)
     return glued + len(_NUMERAL.findall(text))
 
@@ -79,23 +57,28 @@ def paragraphs(text: str) -> list[tuple[int, str]]:
             found.append((start, " ".join(block)))
             block.clear()
 
+    prose_fences: list[str] = []   # open prose directives (note, tip, ...): their bodies are paragraphs
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if fence:
             if stripped.startswith(fence) and stripped.strip("`~") == "":
                 fence = None
             continue
+        if prose_fences and stripped == prose_fences[-1]:
+            flush()
+            prose_fences.pop()
+            continue
         opener = re.match(r"^(`{3,}|~{3,})(.*)$", stripped)
         if opener:
             flush()
-            # A prose directive (note, tip, admonition, ...) keeps its body as paragraphs; code does not.
-            info = opener.group(2)
-            if re.match(r"\{(note|tip|important|warning|admonition|seealso|attention|caution|hint)\}", info):
-                continue
-            fence = opener.group(1)
+            # A prose directive keeps its body as paragraphs; code and other directives do not.
+            if re.match(r"\{(note|tip|important|warning|admonition|seealso|attention|caution|hint)\}", opener.group(2)):
+                prose_fences.append(opener.group(1))
+            else:
+                fence = opener.group(1)
             continue
-        if (not stripped or stripped.startswith(("|", "#", ":", "(", "+++", "<", "$$", "---"))
-                or re.match(r"^\(.*\)=$", stripped)):
+        if (not stripped or stripped.startswith(("|", "#", ":", "+++", "<", "$$", "---"))
+                or re.match(r"^\([\w:.-]+\)=$", stripped)):
             flush()
             continue
         if re.match(r"^([-*]|\d+\.)\s", stripped):
@@ -130,8 +113,15 @@ def test_the_counter_counts_glued_values_and_numerals_but_not_names_code_or_sect
             "`--max-num-seqs 256` and Qwen3-32B's 15% ({ref}`sec-1`, [link](a/b/3.md)).")
     assert numbers_in(para) == 4
     assert numbers_in("No numbers at all in H200 or fp8 or gpt-oss-20b.") == 0
+    assert numbers_in("Gemma 4 31B drafted by Llama 3.1 8B at TP 2") == 1
     page = "# T\n\nOne 1 two 2.\nthree 3\n\n```{code-cell} ipython3\nx = 1 2 3 4 5 6 7 8\n```\n\n| 1 | 2 |\n- 1 2\n- 3\n"
     assert [(line, numbers_in(p)) for line, p in paragraphs(page)] == [(3, 3), (11, 2), (12, 1)]
+
+
+def test_a_wrapped_parenthesis_and_an_admonition_keep_their_paragraphs():
+    page = ("Text 1 2\n({glue:text}`a` and 3)\n\n(sec-x)=\n## H\n\n```{note}\nInside 4 5.\n```\n\nAfter 6 7 8.\n"
+            "\n```python\nx = 9\n```\n")
+    assert [(line, numbers_in(p)) for line, p in paragraphs(page)] == [(1, 4), (8, 2), (11, 3)]
 
 
 def test_the_counter_finds_a_dense_paragraph(tmp_path):
