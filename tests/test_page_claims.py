@@ -1196,6 +1196,26 @@ def test_6_20_the_gemma4_31b_h200_start_up_sized_its_cache_as_servebook_predicts
         "6.20 'predicts the budget itself from the config and flags alone to N%' (held out, within 2%)"
 
 
+def test_6_20_its_own_model_held_out_start_up_is_predicted_from_config_and_flags_within_half_a_percent():
+    """6.20's note: Gemma 4 26B-A4B's start-up, declared held out before it ran, predicted by
+    coefficients that never saw it (memory, and the tokens carried through from that prediction)."""
+    from servebook import capacity, read_startup_log
+    from servebook.memory import load_coefficients
+    from servebook.memory_fit import SHIPPED_STARTUP_LOGS, held_out_names, predict_record, records_from_fixtures
+
+    folder = SHIPPED_STARTUP_LOGS / "h200-0.26.0-gemma-4-26b-a4b--eager16k"
+    coefficients = load_coefficients()
+    assert folder.name in held_out_names() and folder.name not in coefficients.fitted_on, \
+        "6.20's note: 'declared a held-out check before it ran'"
+    record = next(r for r in records_from_fixtures(SHIPPED_STARTUP_LOGS) if r.name == folder.name)
+    log = read_startup_log(folder / "startup.log")
+    predicted = predict_record(record, coefficients)
+    assert abs(predicted.available_kv_bytes / record.logged_available_kv_bytes - 1) <= 0.005
+    chain = capacity(load_model_spec(folder / "config.json"), predicted.available_kv_bytes,
+                     max_model_len=log.max_model_len, max_num_batched_tokens=record.max_num_batched_tokens)
+    assert abs(chain.kv_cache_tokens / log.kv_cache_tokens - 1) <= 0.005
+
+
 def test_6_20_the_command_uses_the_default_utilisation_and_recommends_below_vllms_default():
     plan = _drift_plan("gemma26b-h200-tp4-16k")
     assert plan.gpu_memory_utilization == 0.92, "6.20 '--gpu-memory-utilization 0.92 is the 0.32.0 default'"

@@ -167,10 +167,29 @@ def dummy_ready(cfg: dict) -> tuple[dict, str | None]:
     return cfg, "; ".join(notes) or None
 
 
+def gemma4_hf_overrides(cfg: dict) -> dict:
+    """The global-attention shape of a Gemma 4 text config, to pass again as ``hf_overrides``.
+
+    transformers 5.17 moves ``num_global_key_value_heads`` and ``global_head_dim`` out of the
+    text config's global attributes; vLLM 0.26.0 then reads neither and builds the full-attention
+    layers with the sliding layers' heads (8 x 256 instead of 2 x 512 for Gemma-4-26B-A4B: twice
+    the KV bytes per token; labs/results/raw/kv-groups-gemma4-2026-12-04.json shows the groups).
+    Passing them back restores the model's real shape (kv-groups-gemma4-overrides-2026-12-04.json).
+    """
+    if cfg.get("model_type") != "gemma4_text":
+        return {}
+    return {k: cfg[k] for k in ("num_global_key_value_heads", "global_head_dim") if k in cfg}
+
+
 def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None,
               environment: dict | None = None) -> dict:
     """One engine to run; ``environment``: variables set for its process only (recorded with the case)."""
     cfg, adjusted = dummy_ready(engine_config(model_id))
+    overrides = gemma4_hf_overrides(cfg)
+    if overrides:
+        engine_args = dict(engine_args, hf_overrides=overrides)
+        adjusted = (f"{adjusted}; hf_overrides {overrides} (transformers 5.17 drops them from the text config; "
+                    "without them vLLM builds the global layers with the sliding layers' heads)")
     case = {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
             "engine_args": engine_args, "timing": timing}
     if adjusted:
