@@ -71,11 +71,25 @@ def test_longer_context_quantized_weights_and_speculation_are_outside():
 
 
 def test_a_regime_without_held_out_points_has_no_band():
-    # every dense model recorded end to end is a model the step model is fitted on (perf/data/e2e_split.json)
+    # no held-out sliding-window job ran decode steps eagerly (above the CUDA-graph size)
+    assert "step/sliding/decode/eager/tp1" not in load_bands()["bands"]
+    a = assess(_q("gemma-3-27b", graph=False))
+    assert a["band"] is None and not a["covers_query"]
+
+
+def test_a_dense_job_band_comes_from_the_third_declaration_alone():
+    # every dense model recorded end to end before it shaped the step model (perf/data/e2e_split.json);
+    # e2e_issue39c/heldout.toml declared two that shaped nothing, before they ran
+    import tomllib
+
     split = json.loads((ROOT / "src/servebook/perf/data/e2e_split.json").read_text())
     assert {"llama-3.1-8b", "qwen3-32b"} <= set(split["fitted_on"])
+    declaration = tomllib.loads((RESULTS / "e2e_issue39c" / "heldout.toml").read_text())
+    declared = {f"{d['record'][4:]} {d['job']}" for d in declaration["job"] if d["group"] == "held out"}
+    band = load_bands()["bands"]["job/dense/tp1"]
+    assert set(band["members"]) == declared and band["count"] == len(declared)
     a = assess(_q(prediction="job", step=None))
-    assert a["band"] is None and not a["covers_query"]
+    assert a["band"] is not None and a["covers_query"]
 
 
 def test_no_fitted_model_and_no_term_shaping_model_is_in_a_band():
