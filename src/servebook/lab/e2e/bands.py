@@ -31,9 +31,11 @@ from servebook.perf.error_bands import band_of, model_kind, regime_key
 
 #: The end-to-end folders; the first four are the jobs compared with fleet (the benchmark's tables;
 #: e2e_issue39b holds the second declared held-out set, recorded after the MLA and fp8-KV terms were fitted,
-#: e2e_issue39c the third, two dense models that shaped nothing, recorded 2026-12-04).
-FOLDERS = ("e2e", "e2e_issue39", "e2e_issue39b", "e2e_issue39c", "e2e_attention", "e2e_repeat", "e2e_routing")
-COMPARED_FOLDERS = FOLDERS[:4]
+#: e2e_issue39c the third, two dense models that shaped nothing, and e2e_gemma4_26b the first Gemma 4 job,
+#: both recorded 2026-12-04).
+FOLDERS = ("e2e", "e2e_issue39", "e2e_issue39b", "e2e_issue39c", "e2e_gemma4_26b", "e2e_attention", "e2e_repeat",
+           "e2e_routing")
+COMPARED_FOLDERS = FOLDERS[:5]
 #: Models a term of the step model was designed after, having seen their error (labs/e2e_results.md;
 #: labs/results/e2e_issue39/heldout.toml names them): their jobs count as fitted.
 SHAPED_A_TERM = {"mixtral-8x7b": "the expert-width term was designed after its jobs' error",
