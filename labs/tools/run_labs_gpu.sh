@@ -18,6 +18,8 @@
 #   bash labs/tools/run_labs_gpu.sh e2e-gemma     # end-to-end jobs: gemma-3-27b + the peak test (recorded 2026-12-01)
 #   SERVEBOOK_E2E_MODELS=qwen3-32b bash labs/tools/run_labs_gpu.sh e2e-a   # only these models
 #
+# Since 2026-12-04 the repository is too large to carry shared/gpu's 40 MiB chunks beside it: stage them
+# with `bash labs/tools/gpu_stage.sh`, which prints the four install calls that fit.
 # On the lent H200 (see shared/gpu/README.md): install vLLM 0.26.0 with the four `run` calls of
 # its "Steps" section (core payload only: the labs use Llama-3.1-8B, no MoE), then ONE `run` call
 # per lab, each at once after the previous one (the machine is given back 30 s after a call):
