@@ -225,8 +225,13 @@ def test_memory_budget_weights_come_within_a_fifth_of_a_gib_except_mxfp4_and_gem
         if "gpt-oss" not in r.name:
             assert -0.02 * 2**30 <= gap <= 0.2 * 2**30, (r.name, gap / 2**30)
     g4 = next(r for r in held_out if r.name == G4_DIR.name)
-    assert abs(g4.predicted.activation_bytes - g4.logged_activation_bytes) < 0.1 * (
-        g4.logged_weights_bytes - g4.predicted.weights_bytes)
+    weights_gap = abs(g4.logged_weights_bytes - g4.predicted.weights_bytes)
+    activation_gap = abs(g4.predicted.activation_bytes - g4.logged_activation_bytes)
+    # "in bytes, the largest gap of any 16-bit log" (gpt-oss's MXFP4 experts are not 16-bit)
+    sixteen_bit = [r for r in held_out if "gpt-oss" not in r.name]
+    assert max(sixteen_bit, key=lambda r: r.logged_weights_bytes - r.predicted.weights_bytes).name == G4_DIR.name
+    # "almost all": the weights carry at least four fifths of the two parts' error
+    assert weights_gap >= 0.8 * (weights_gap + activation_gap), (weights_gap, activation_gap)
 
 
 G4_DIR = SHIPPED_STARTUP_LOGS / "h200-0.26.0-gemma-4-31b--eager"
