@@ -455,7 +455,11 @@ def plan(workload: Workload, d: Deployment, coeffs: Coefficients) -> FleetPlan:
 
     prefill_terms = {t: getattr(mixed, t) - getattr(alone, t)
                      for t in ("linear_s", "attention_s", "allreduce_s", "overhead_s")}
-    # the mix of decode-only steps and steps carrying whole chunks, against one step carrying the mean prefill
+    # the mix of decode-only steps and steps carrying whole chunks, against one step carrying the mean prefill.
+    # Not a fitted term: a difference of two priced steps (the expected step of the Poisson mix minus one
+    # step with the mean prefill), so it may be negative where the mix is cheaper than the mean step
+    # (a chunk's cost is concave in its size: Jensen's gap). Every fitted coefficient is non-negative
+    # (tests/test_perf_calibration.py), so no fitted term makes a step cheaper than its parts.
     prefill_terms["step_mix_s"] = step - mixed.step_s
     draft_s = 0.0
     if spec_k and drafter.method != "ngram":
