@@ -1177,7 +1177,7 @@ def _drift_plan(entry_id: str, **override):
 
 def test_6_20_the_gemma4_31b_h200_start_up_sized_its_cache_as_servebook_predicts():
     from servebook import capacity, read_startup_log
-    from servebook.memory_fit import SHIPPED_STARTUP_LOGS, leave_one_out, records_from_fixtures
+    from servebook.memory_fit import SHIPPED_STARTUP_LOGS, shipped_leave_one_out
 
     folder = SHIPPED_STARTUP_LOGS / "h200-0.26.0-gemma-4-31b--eager"
     flags = json.loads((folder / "flags.json").read_text())
@@ -1191,7 +1191,7 @@ def test_6_20_the_gemma4_31b_h200_start_up_sized_its_cache_as_servebook_predicts
     assert abs(cap.kv_cache_tokens / log.kv_cache_tokens - 1) <= 0.005, \
         "6.20 'servebook computes N tokens from that budget' (within 0.5% of the logged M)"
     assert round(cap.max_concurrency, 2) == log.max_concurrency, "6.20: the logged concurrency is servebook's"
-    row = next(r for r in leave_one_out(records_from_fixtures(SHIPPED_STARTUP_LOGS)) if r.name == folder.name)
+    row = next(r for r in shipped_leave_one_out() if r.name == folder.name)
     assert abs(row.available_error_pct) <= 2.0, \
         "6.20 'predicts the budget itself from the config and flags alone to N%' (held out, within 2%)"
 

@@ -4,7 +4,8 @@
 this module makes them. Each recorded engine start-up (config, flags, log) becomes a
 :class:`CalibrationRecord`; :func:`calibrate` fits the activation, non-torch and CUDA-graph
 coefficients on them (non-negative least squares), :func:`leave_one_out` measures the
-held-out error, and :func:`calibrate_from_fixtures` refits the shipped file from the GPU
+held-out error (:func:`shipped_leave_one_out` on the shipped start-ups, never fitting on the
+declared held-out ones), and :func:`calibrate_from_fixtures` refits the shipped file from the GPU
 start-ups shipped in :data:`SHIPPED_STARTUP_LOGS` (``servebook/data/startup_logs``).
 Units: bytes unless a name says ``_gib`` (2**30 bytes) or ``_pct``.
 """
@@ -391,16 +392,38 @@ class HeldOutError:
         return 100.0 * (self.predicted.weights_bytes - self.logged_weights_bytes) / self.logged_weights_bytes
 
 
-def leave_one_out(records: Sequence[CalibrationRecord]) -> list[HeldOutError]:
-    """For each record, fit on all the others and predict it (:func:`predict_record`).
+def leave_one_out(records: Sequence[CalibrationRecord], *, held_out: Iterable[str] = ()) -> list[HeldOutError]:
+    """For each record, fit on all the others except the held-out ones and predict it (:func:`predict_record`).
 
-    The honest error of the shipped model on a start-up it was not fitted to.
+    The honest error of the model on a start-up it was not fitted to: a row's prediction
+    comes from :func:`calibrate` on every record except itself and except the names in
+    ``held_out``. A held-out record is still predicted, by the fit on all non-held-out
+    records, i.e. the fit :func:`calibrate_from_fixtures` ships. Held-out start-ups enter
+    no fit at all: they are declared (:func:`held_out_names`) as out-of-sample checks of the
+    shipped fit, so letting them into any other record's fit would let a check move the
+    figures it is checking against (recording one moved another record's prediction).
+    Records without a logged ``Available KV cache memory`` are fitted on but not predicted.
+    Errors are in percent of the logged figures (:class:`HeldOutError`); budgets in bytes.
+    Use :func:`shipped_leave_one_out` for the shipped start-ups and their declared split.
+
+    Raises:
+        ServebookError: a held-out name that is not one of ``records``.
     """
+    excluded = set(held_out)
+    unknown = sorted(excluded - {r.name for r in records})
+    if unknown:
+        raise ServebookError(f"held-out start-ups not among the records: {', '.join(unknown)}")
+    shipped_fit = None  # the fit on every non-held-out record, shared by the held-out rows
     rows = []
     for i, held in enumerate(records):
         if held.logged_available_kv_bytes is None:
             continue
-        fit = calibrate([r for j, r in enumerate(records) if j != i])
+        if held.name in excluded:
+            if shipped_fit is None:
+                shipped_fit = calibrate([r for r in records if r.name not in excluded])
+            fit = shipped_fit
+        else:
+            fit = calibrate([r for j, r in enumerate(records) if j != i and r.name not in excluded])
         rows.append(HeldOutError(
             name=held.name,
             predicted=predict_record(held, fit),
@@ -409,6 +432,20 @@ def leave_one_out(records: Sequence[CalibrationRecord]) -> list[HeldOutError]:
             logged_activation_bytes=held.peak_activation_bytes,
         ))
     return rows
+
+
+def shipped_leave_one_out() -> list[HeldOutError]:
+    """:func:`leave_one_out` over the shipped start-ups (:data:`SHIPPED_STARTUP_LOGS`) with the declared split.
+
+    The declared held-out start-ups (:func:`held_out_names`, from :data:`FIT_SPLIT`) enter no
+    fit; each is predicted by the shipped fit, every other start-up by the fit on the rest
+    minus the held-out ones. What every page, notebook and test that reports leave-one-out
+    errors on the shipped start-ups calls. A declared name not yet recorded (declared before
+    its device call) excludes nothing.
+    """
+    records = records_from_fixtures(SHIPPED_STARTUP_LOGS)
+    recorded = {r.name for r in records}
+    return leave_one_out(records, held_out=[n for n in held_out_names() if n in recorded])
 
 
 def calibrate_from_fixtures(
