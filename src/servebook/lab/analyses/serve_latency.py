@@ -84,6 +84,7 @@ def plan_of(doc: dict):
     return make_plan(spec, gpu="h200", max_model_len=flags["max_model_len"],
                      kv_cache_dtype=flags.get("kv_cache_dtype", "auto"),
                      gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9), usage_context="serve",
+                     max_num_seqs=flags.get("max_num_seqs"), max_num_batched_tokens=flags.get("max_num_batched_tokens"),
                      vllm_version=doc["vllm_version"])   # the rules of the release the run was recorded on
 
 

@@ -95,8 +95,11 @@ def check_port_free(port: int) -> None:
 def engine_args_to_cli(args: dict) -> list[str]:
     """``{"max_model_len": 2048, "enforce_eager": True}`` -> ``["--max-model-len", "2048", "--enforce-eager"]``.
 
-    ``True`` is a bare flag, ``False``/``None`` leave the flag out, lists repeat the values.
+    ``True`` is a bare flag, ``False``/``None`` leave the flag out, lists repeat the values, and a
+    dict is passed as JSON (``--hf-overrides '{"global_head_dim": 512}'``, as vLLM parses it).
     """
+    import json
+
     out: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
@@ -106,6 +109,8 @@ def engine_args_to_cli(args: dict) -> list[str]:
             continue
         elif isinstance(value, (list, tuple)):
             out += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
         else:
             out += [flag, str(value)]
     return out
