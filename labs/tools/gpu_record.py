@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from servebook.lab.harness import gemma4_compat  # noqa: E402
 from servebook.provenance import config_sha256, device_info, utc_now_iso, vllm_version  # noqa: E402
 from servebook.shipped import MODELS_DIR as SHIPPED_MODELS_DIR  # noqa: E402
 from servebook.tiny_model import language_model_config, write_model_dir  # noqa: E402
@@ -104,16 +105,24 @@ def child(case_path: str) -> None:
 
 
 # ----------------------------------------------------------------------------- parent side
-def run_case(case: dict, timeout_s: float) -> dict:
-    """Run one engine in a child process; return the case with its log and result."""
+def run_child(script: str, case: dict, timeout_s: float, mark: str, *, env: dict | None = None,
+              merge_stderr: bool = True) -> dict:
+    """Run ``python SCRIPT _child CASE.json`` (``case`` written to a temporary file) in a new session.
+
+    Returns ``returncode`` (``"timeout"`` past ``timeout_s``), ``wall_s``, ``log`` (stdout with
+    stderr interleaved, or with ``merge_stderr=False`` stdout then stderr) and ``result``: the JSON
+    after the last line starting with ``mark`` (None: no such line). ``env`` is set for the child on
+    top of this process's environment, ``PYTHONUNBUFFERED=1`` last. Used by :func:`run_case` and
+    ``kv_groups_probe.py``.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(case, fh)
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, __file__, "_child", fh.name], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **case.get("environment", {}), "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen([sys.executable, script, "_child", fh.name], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
     try:
-        log, _ = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
@@ -125,12 +134,19 @@ def run_case(case: dict, timeout_s: float) -> dict:
         except ProcessLookupError:
             pass
     if rc == "timeout":
-        log, _ = proc.communicate()
+        out, err = proc.communicate()
+    log = out + (err or "")
     result = None
     for line in log.splitlines():
-        if line.startswith(MARK):
-            result = json.loads(line[len(MARK):])
-    out = dict(case, returncode=rc, wall_s=round(time.time() - t0, 1), log=log, result=result)
+        if line.startswith(mark):
+            result = json.loads(line[len(mark):])
+    return {"returncode": rc, "wall_s": round(time.time() - t0, 1), "log": log, "result": result}
+
+
+def run_case(case: dict, timeout_s: float) -> dict:
+    """Run one engine in a child process; return the case with its log and result."""
+    out = dict(case, **run_child(__file__, case, timeout_s, MARK, env=case.get("environment", {})))
+    rc, log = out["returncode"], out["log"]
     print(f"[{case['name']}] rc={rc} in {out['wall_s']} s", flush=True)
     if rc != 0:
         print("\n".join(log.splitlines()[-15:]), flush=True)
@@ -149,47 +165,30 @@ def dummy_ready(cfg: dict) -> tuple[dict, str | None]:
       ``modules_in_block_to_quantize`` or else from the checkpoint's safetensors dtypes; with
       ``load_format="dummy"`` there are none and every layer would load 16-bit. Naming every
       projection of the block is what a real checkpoint's safetensors say.
-    - Gemma 4 text configs: transformers 5.17 (the GPU image's) marks ``head_dim`` a per-layer
-      attribute and refuses a global read unless ``allow_global_per_layer_attribute_access`` is set;
-      vLLM 0.26.0 reads the global value while building its model config, so the engine would not
-      start (2026-12-02). The flag changes no shape: vLLM's Gemma 4 model reads each layer's
-      head size from the layer types itself.
+    - Gemma 4 text configs: ``allow_global_per_layer_attribute_access`` for transformers 5.17 and
+      vLLM 0.26.0 (the lent image's), added by :func:`servebook.lab.harness.gemma4_compat.engine_config`
+      (its docstring says why).
     """
     notes = []
     quant = cfg.get("quantization_config") or {}
     if str(quant.get("quant_method", "")).lower() == "gptq" and not quant.get("modules_in_block_to_quantize"):
         cfg = dict(cfg, quantization_config=dict(quant, modules_in_block_to_quantize=GPTQ_BLOCK_MODULES))
         notes.append("added quantization_config.modules_in_block_to_quantize (every block projection) for dummy weights")
-    if cfg.get("model_type") == "gemma4_text" and "allow_global_per_layer_attribute_access" not in cfg:
-        cfg = dict(cfg, allow_global_per_layer_attribute_access=True)
-        notes.append("added allow_global_per_layer_attribute_access=true (transformers 5.17's per-layer config "
-                     "refuses vLLM 0.26.0's global head_dim read)")
+    cfg, gemma4_notes = gemma4_compat.engine_config(cfg)
+    notes += gemma4_notes
     return cfg, "; ".join(notes) or None
-
-
-def gemma4_hf_overrides(cfg: dict) -> dict:
-    """The global-attention shape of a Gemma 4 text config, to pass again as ``hf_overrides``.
-
-    transformers 5.17 moves ``num_global_key_value_heads`` and ``global_head_dim`` out of the
-    text config's global attributes; vLLM 0.26.0 then reads neither and builds the full-attention
-    layers with the sliding layers' heads (8 x 256 instead of 2 x 512 for Gemma-4-26B-A4B: twice
-    the KV bytes per token; labs/results/raw/kv-groups-gemma4-2026-12-04.json shows the groups).
-    Passing them back restores the model's real shape (kv-groups-gemma4-overrides-2026-12-04.json).
-    """
-    if cfg.get("model_type") != "gemma4_text":
-        return {}
-    return {k: cfg[k] for k in ("num_global_key_value_heads", "global_head_dim") if k in cfg}
 
 
 def make_case(name: str, model_id: str, engine_args: dict, timing: dict | None = None,
               environment: dict | None = None) -> dict:
-    """One engine to run; ``environment``: variables set for its process only (recorded with the case)."""
+    """One engine to run; ``environment``: variables set for its process only (recorded with the case).
+
+    The Gemma 4 ``hf_overrides`` (:func:`servebook.lab.harness.gemma4_compat.engine_args_with_overrides`)
+    join ``engine_args`` and their note joins ``config_adjustment``.
+    """
     cfg, adjusted = dummy_ready(engine_config(model_id))
-    overrides = gemma4_hf_overrides(cfg)
-    if overrides:
-        engine_args = dict(engine_args, hf_overrides=overrides)
-        adjusted = (f"{adjusted}; hf_overrides {overrides} (transformers 5.17 drops them from the text config; "
-                    "without them vLLM builds the global layers with the sliding layers' heads)")
+    engine_args, notes = gemma4_compat.engine_args_with_overrides(engine_args, cfg)
+    adjusted = "; ".join(([adjusted] if adjusted else []) + notes) or None
     case = {"name": name, "model_id": model_id, "config": cfg, "config_sha256": config_sha256(cfg),
             "engine_args": engine_args, "timing": timing}
     if adjusted:

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,23 +76,17 @@ def main() -> None:
            "vllm_version": vllm_version(), "method": __doc__.strip().splitlines()[0], "cases": []}
     for model, profile in (c.split(":") for c in args.cases.split(",")):
         case = gpu_record.make_case(f"{model}--{profile}", model, gpu_record.STARTUP_ARGS[profile])
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-            json.dump(case, fh)
-        t0 = time.time()
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.run([sys.executable, __file__, "_child", fh.name], capture_output=True, text=True,
-                              timeout=args.timeout_s, env=env)
-        log = proc.stdout + proc.stderr
-        found = [json.loads(ln[len(MARK):]) for ln in log.splitlines() if ln.startswith(MARK)]
-        doc["cases"].append(dict(case, returncode=proc.returncode, wall_s=round(time.time() - t0, 1),
-                                 log=log, result=found[-1] if found else None))
-        print(f"[{case['name']}] rc={proc.returncode} in {time.time() - t0:.0f} s", flush=True)
-        if found:
-            for g in found[-1]["groups"]:
+        # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs in the child, where it can be read
+        run = gpu_record.run_child(__file__, case, args.timeout_s, MARK, merge_stderr=False,
+                                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        doc["cases"].append(dict(case, **run))
+        print(f"[{case['name']}] rc={run['returncode']} in {run['wall_s']:.0f} s", flush=True)
+        if run["result"]:
+            for g in run["result"]["groups"]:
                 print(f"  {len(g['layers']):3d} layers {g['spec']}", flush=True)
-            print(f"  num_blocks {found[-1]['num_blocks']}  hf {found[-1]['hf_text_config']}", flush=True)
+            print(f"  num_blocks {run['result']['num_blocks']}  hf {run['result']['hf_text_config']}", flush=True)
         else:
-            print("\n".join(log.splitlines()[-12:]), flush=True)
+            print("\n".join(run["log"].splitlines()[-12:]), flush=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
 

@@ -3,7 +3,8 @@
 Run as ``python -m servebook.lab.e2e.child CASE.json`` in vLLM's Python by
 :mod:`servebook.lab.e2e.job`, with stdout and stderr appended to the log file the case names (the
 engine's start-up log is read back from there). The case holds the model, its config, the engine
-flags, the jobs (shape, requests, seed), the output path and the GPU to predict for.
+flags, the jobs (shape, requests, seed), the output path and the GPU to predict for. A Gemma 4 text
+config first gets the lent image's workaround (:func:`engine_inputs`).
 
 Per job (one ``LLM.generate`` call, every request submitted at once, greedy, ``ignore_eos``) the
 document gets: wall time (s); prompt and output tokens asked for and produced; per request the
@@ -24,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from servebook.lab.harness import deadline
+from servebook.lab.harness import deadline, gemma4_compat
 from servebook.lab.harness.concurrency import peak_concurrency
 from servebook.lab.e2e.plan import Job, job_lengths, predict, token_prompts
 from servebook.lab.harness.step_log import STEP_LOG_ENV, step_log_engine_args
@@ -220,6 +221,23 @@ def _needed_s(job: Job, config: dict, engine_args: dict, gpu: str, ratio: float)
     return predicted * max(PREDICTION_MARGIN, 1.3 * ratio) + 10.0
 
 
+def engine_inputs(case: dict) -> tuple[dict, dict, list[str]]:
+    """``(config the engine loads, engine flags, notes)`` for a case, before the child's own flags.
+
+    The lent image's Gemma 4 workaround (vLLM 0.26.0 with transformers 5.17,
+    :mod:`servebook.lab.harness.gemma4_compat`): a ``gemma4_text`` config gets
+    ``allow_global_per_layer_attribute_access`` when it lacks it, and the engine flags get the global
+    layers' ``num_global_key_value_heads`` and ``global_head_dim`` as ``hf_overrides``. A plan's own
+    ``hf_overrides`` value wins key by key (noted when it differs), so a plan that wrote the computed
+    ones by hand (labs/tools/e2e_gemma4_26b.toml) starts the same engine as one that wrote none. The
+    record keeps the plan's config and its sha256 (what held-out declarations name); the notes go to
+    its ``config_adjustment``. Any other config and its flags pass unchanged, with no notes.
+    """
+    engine_config, notes = gemma4_compat.engine_config(case["config"])
+    engine_args, more = gemma4_compat.engine_args_with_overrides(dict(case["engine_args"]), engine_config)
+    return engine_config, engine_args, notes + more
+
+
 def main(case_path: str) -> None:
     case = json.loads(Path(case_path).read_text())
     from vllm import LLM
@@ -228,14 +246,15 @@ def main(case_path: str) -> None:
     from servebook.tiny_model import write_model_dir
 
     device = "cuda" if current_platform.device_type == "cuda" else "cpu"
-    model, config, engine_args = case["model"], case["config"], dict(case["engine_args"])
+    model, config = case["model"], case["config"]
+    engine_config, engine_args, adjustments = engine_inputs(case)
     out = Path(case["out"])
     jobs = [Job.from_case(model, j) for j in case["jobs"]]
     warm_jobs = [Job.from_case(model, j) for j in case.get("warm_up_jobs", [])]
     # before the engine starts: its processes inherit these (a routing simulation, ...); the record's
     # "environment" lists every VLLM_* variable the engine saw
     os.environ.update(case.get("environment") or {})
-    model_dir = write_model_dir(tempfile.mkdtemp(prefix="e2e-model-"), config, tokenizer=False)
+    model_dir = write_model_dir(tempfile.mkdtemp(prefix="e2e-model-"), engine_config, tokenizer=False)
     flags = dict(load_format="dummy", skip_tokenizer_init=True, disable_log_stats=False, **engine_args)
     step_log = None
     if case.get("record_steps", True):
@@ -254,6 +273,8 @@ def main(case_path: str) -> None:
                       "servebook.lab.harness.step_recorder (t_s = when the step was scheduled); before the first "
                       "job a warm-up (warm_up_s) runs decode-only and full-budget mixed steps once"),
            "jobs": []}
+    if adjustments:
+        doc["config_adjustment"] = "; ".join(adjustments)
     say(f"{model}: starting the engine ({device}) with {json.dumps(engine_args)}")
     t = time.monotonic()
     llm = LLM(model=str(model_dir), **flags)
