@@ -24,6 +24,7 @@ engine start-up, parsed) and :func:`e2e_results`.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -194,15 +195,17 @@ def serve_latency_results(folder: str = "serve_issue37", directory: str | Path |
     from servebook.tiny_model import language_model_config
 
     base = results_dir(directory) / folder
-    paths = sorted(base.glob("serve_*.json"))
+    # a record may be stored gzip-compressed (serve_NAME.json.gz), byte for byte what the tool wrote:
+    # the per-request gaps make these the largest records, and every GPU call carries the working tree
+    paths = sorted([*base.glob("serve_*.json"), *base.glob("serve_*.json.gz")])
     if not paths:
-        raise FileNotFoundError(f"no serve latency records (serve_*.json) in {base}: record them with "
+        raise FileNotFoundError(f"no serve latency records (serve_*.json[.gz]) in {base}: record them with "
                                 "labs/tools/serve_latency.py, or set " + RESULTS_ENV)
     declaration = tomllib.loads((base / "heldout.toml").read_text()) if (base / "heldout.toml").exists() else {}
     root = checkout_root(directory)
     docs = []
     for path in paths:
-        doc = json.loads(path.read_text())
+        doc = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
         if doc.get("schema") != SERVE_LATENCY_SCHEMA:
             raise ValueError(f"{path} has schema {doc.get('schema')!r}, not {SERVE_LATENCY_SCHEMA!r}")
         cfg = json.loads((root / doc["config"]).read_text())
