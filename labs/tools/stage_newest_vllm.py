@@ -17,7 +17,8 @@ and without installing, what the release needs on top of image + 0.26.0 payload:
 4. the wheels are cut into pieces as large as fit beside the working tree, one folder per call.
 
 It writes a manifest (JSON: every wheel, its size, why it is carried, the substitutions, the pieces)
-and prints the device calls. Nothing is installed here; the GPU side runs ``install_newest_vllm.sh``.
+and prints the device calls. Nothing is installed here; the GPU side runs ``install_newest_vllm.sh``
+(``receive`` per piece, ``install`` with the last).
 """
 from __future__ import annotations
 
@@ -180,6 +181,11 @@ def main() -> None:
            "calls_needed": -(-carried // (CALL_BYTES - tree)), "pieces": pieces}
     text = json.dumps(doc, indent=1)
     (Path(a.manifest) if a.manifest else stage / "manifest.json").write_text(text)
+    if pieces:
+        print("device calls (after vLLM 0.26.0's payload, labs/tools/gpu_stage.sh), each sent the moment the last returns:")
+        for i, p in enumerate(pieces):
+            last = " && bash labs/tools/install_newest_vllm.sh install" if i == len(pieces) - 1 else ""
+            print(f'  carry ["{p["folder"]}"]: bash labs/tools/install_newest_vllm.sh receive {p["folder"]}{last}')
     print(f"{len(found['carried'])} wheels, {carried / 2**20:.0f} MiB, {doc['calls_needed']} calls; "
           f"substitutions: {found['substitutions']}; unresolved: {found['unresolved']}")
 
