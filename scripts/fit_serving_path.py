@@ -7,7 +7,8 @@ src/servebook/perf/data/serving_path.json.
 
 The serving path comes from the runs declared "fitted" in labs/results/serve_issue37/heldout.toml
 (servebook.lab.analyses.serve_latency.fit_serving_path); the band from every run declared "held
-out", predicted with that path: the 10th and 90th percentiles of predicted / measured - 1 per metric.
+out" in every folder of :data:`SERVE_FOLDERS` (each declared before its runs), predicted with that
+path: the 10th and 90th percentiles of predicted / measured - 1 per metric, and the worst.
 """
 from __future__ import annotations
 
@@ -24,21 +25,25 @@ from servebook.records import serve_latency_results  # noqa: E402
 from servebook.reductions import percentile  # noqa: E402
 from servebook.simulator.online import SERVING_PATH_FILE  # noqa: E402
 
+#: The recorded vllm serve folders, each with its own held-out declaration; the serving path is
+#: measured on the first one's fitted runs only.
+SERVE_FOLDERS = ("serve_issue37", "serve_sweep37")
+
 
 def build() -> dict:
     from servebook.perf.gpu import gpu_numbers
 
     gpu = gpu_numbers("h200").name   # every record is from one H200 (tests/test_serve_latency.py checks)
-    docs = serve_latency_results()
-    path = sl.fit_serving_path(docs)
-    held = [r for r in sl.rows(docs, path) if r.group == "held out"]
+    path = sl.fit_serving_path(serve_latency_results(SERVE_FOLDERS[0]))
+    held = [r for folder in SERVE_FOLDERS for r in sl.rows(serve_latency_results(folder), path)
+            if r.group == "held out"]
     band = {m: {"p10": round(percentile([r.error[m] for r in held], 10), 4),
                 "p90": round(percentile([r.error[m] for r in held], 90), 4),
                 "worst": round(max((r.error[m] for r in held), key=abs), 4), "runs": len(held)}
             for m in sl.METRICS}
     return {"what": "vllm serve's API-server costs added to the engine's times (seconds), and the latency "
                     "model's error band on held-out runs (predicted / measured - 1). Written by "
-                    "scripts/fit_serving_path.py from labs/results/serve_issue37; do not edit.",
+                    "scripts/fit_serving_path.py from labs/results/" + ", ".join(SERVE_FOLDERS) + "; do not edit.",
             "gpus": {gpu: {"ttft_s": round(path.ttft_s, 6), "tpot_s": round(path.tpot_s, 6), "source": path.source}},
             "band": {gpu: band},
             "held_out_servers": sorted({r.server for r in held})}
