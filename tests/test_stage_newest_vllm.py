@@ -53,3 +53,25 @@ def test_call_costs_are_positive_and_warm_calls_cost_less_than_a_start():
     warm = [c["held_s_after"] - c["held_s_before"] for c in costs["warm_carry_calls"]]
     assert all(w > 0 for w in warm)
     assert max(warm) < costs["cold_start_call"]["held_s_after"]
+
+
+def test_a_base_package_an_upgrade_breaks_is_carried_with_why():
+    """The H200 try found the image's transformers rejects the huggingface-hub vLLM 0.34.0 needs; the
+    resolver now carries transformers too, saying why."""
+    doc = json.loads((DRIFT / "h200_payload_newest_0.34.0.json").read_text())
+    replaced = {k: c for k, c in doc["carried"].items() if c.get("replaces_base")}
+    assert "transformers" in replaced
+    assert "huggingface" in replaced["transformers"]["replaces_base"]
+    assert Version(replaced["transformers"]["wheel"].split("-")[1]) > Version(replaced["transformers"]["base_has"] or "0")
+
+
+def test_the_recorded_try_supports_what_the_appendix_says():
+    """Appendix: torch 2.14 ran, vLLM 0.34.0 imported, the image's cuDNN and transformers stopped it."""
+    doc = json.loads((DRIFT / "h200_newest_attempt_2026-12-04.json").read_text())
+    install, imports = (s["output"] for s in doc["steps"])
+    assert "cuDNN version incompatibility" in install and "(9, 19, 0)" in install
+    got = json.loads(imports)
+    assert got["torch"].startswith("2.14.0") and got["round_trip"] == 8.0 and got["vllm"] == "0.34.0"
+    assert "huggingface-hub" in got["vllm_error"]
+    cudnn = json.loads((DRIFT / "h200_image_packages.json").read_text())["torch"]["cudnn"]
+    assert cudnn == 91900   # the image's cuDNN 9.19, read before anything was installed

@@ -39,16 +39,21 @@ import json, sys, time
 t = time.time()
 import torch
 out = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-       "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0),
-       "cuda_round_trip": float((torch.ones(4, device="cuda") * 2).sum().item())}
+       "gpu": torch.cuda.get_device_name(0), "cuda_round_trip": float((torch.ones(4, device="cuda") * 2).sum().item())}
+try:   # torch checks the cuDNN it finds against the one it was built with only when asked (2026-12-04: 9.19 < 9.24)
+    out["cudnn"] = torch.backends.cudnn.version()
+except RuntimeError as exc:
+    out["cudnn_error"] = str(exc).split(". ")[0]
 try:
     import vllm
     out["vllm"] = vllm.__version__
+    from vllm import LLM  # noqa: F401  (imports transformers and the engine)
+    out["vllm_llm_import"] = "ok"
 except Exception as exc:  # noqa: BLE001  (what failed is the finding)
     out["vllm_import_error"] = f"{type(exc).__name__}: {exc}"
 out["import_s"] = round(time.time() - t, 1)
 print("NEWEST_VLLM " + json.dumps(out))
-sys.exit(0 if "vllm" in out else 1)
+sys.exit(0 if out.get("vllm_llm_import") == "ok" else 1)
 PY
     ;;
   *) sed -n '2,12p' "$0"; exit 2 ;;

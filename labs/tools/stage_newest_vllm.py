@@ -103,12 +103,55 @@ def served_versions(name: str) -> list[Version]:
     return sorted(Version(v.strip()) for v in m.group(1).split(",")) if m else []
 
 
+def version_of(wheel_name: str) -> Version:
+    return Version(wheel_name.split("-")[1])
+
+
+def broken_base(base: dict[str, str], kept: dict[str, Requirement], carried: dict[str, dict],
+                scratch: Path) -> list[tuple[Requirement, str]]:
+    """Base packages the carried upgrades break: ``(requirement to carry instead, why)``.
+
+    A kept base package (the image's transformers 5.17, say) has requirements of its own; when a
+    carried upgrade no longer satisfies one (vLLM 0.34.0 carries huggingface-hub 2.x, transformers
+    5.17 wants < 2.0; found on the H200 on 2026-12-04), the package is carried too, at the newest
+    release its requirer allows.
+    """
+    out = []
+    for name, wanted in kept.items():
+        wheel = download(f"{name}=={base[name]}", scratch)
+        if wheel is None:
+            continue
+        for req in requires(wheel, set()):
+            dep = canonicalize_name(req.name)
+            if dep in carried and not req.specifier.contains(version_of(carried[dep]["wheel"]), prereleases=True):
+                out.append((wanted, f"the image's {name} {base[name]} requires {req}, which the carried "
+                                    f"{carried[dep]['wheel'].split('-')[0]} {version_of(carried[dep]['wheel'])} breaks"))
+                break
+    return out
+
+
 def resolve(version: str, folder: Path) -> dict:
     base = base_packages()
     carried: dict[str, dict] = {}
+    kept: dict[str, Requirement] = {}
     substitutions = []
     unresolved = []
     todo = [(Requirement(f"vllm=={version}"), "the release")]
+    scratch = folder.parent / "base-metadata"
+    scratch.mkdir(exist_ok=True)
+    while True:
+        _walk(todo, base, carried, kept, substitutions, unresolved, folder)
+        todo = [(req, why) for req, why in broken_base(base, kept, carried, scratch)]
+        for req, _ in todo:
+            base.pop(canonicalize_name(req.name), None)
+            kept.pop(canonicalize_name(req.name), None)
+        if not todo:
+            break
+    return {"carried": carried, "substitutions": substitutions, "unresolved": unresolved}
+
+
+def _walk(todo, base, carried, kept, substitutions, unresolved, folder) -> None:
+    """Carry what ``todo`` needs and the base lacks, recursively (see the module docstring)."""
     while todo:
         req, why = todo.pop(0)
         name = canonicalize_name(req.name)
@@ -116,6 +159,8 @@ def resolve(version: str, folder: Path) -> dict:
             continue
         have = base.get(name)
         if have is not None and (not req.specifier or req.specifier.contains(Version(have), prereleases=True)):
+            if req.specifier:
+                kept.setdefault(name, Requirement(f"{req.name}{req.specifier}"))
             continue
         spec = f"{req.name}{req.specifier}"
         wheel = download(spec, folder)
@@ -131,9 +176,10 @@ def resolve(version: str, folder: Path) -> dict:
             continue
         carried[name] = {"wheel": wheel.name, "bytes": wheel.stat().st_size, "for": why,
                          "base_has": have}
+        if why.startswith("the image's"):
+            carried[name]["replaces_base"] = why
         for sub in requires(wheel, set(req.extras)):
             todo.append((sub, req.name))
-    return {"carried": carried, "substitutions": substitutions, "unresolved": unresolved}
 
 
 def cut(folder: Path, stage: Path, tree_bytes: int) -> list[dict]:
