@@ -295,3 +295,29 @@ def test_an_unknown_draft_model_fails_before_the_search():
     with pytest.raises(ServebookError, match="neither a file"):
         tune(LLAMA, gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(ttft_s=1.0), tps=(1,),
              speculative="draft_model:k=3,alpha=0.7,model=no-such-draft")
+
+
+def test_a_narrower_grid_tries_only_its_flags_and_a_path_names_a_config():
+    """tune(..., max_num_seqs_choices=..., max_num_batched_tokens_choices=...) prices exactly the grid a
+    measured sweep runs (issue 37's comparison), and a config.json given as a Path reads like its text."""
+    from pathlib import Path
+
+    from servebook.shipped import MODELS_DIR
+
+    w = OnlineWorkload(24, 1024, 256, range_ratio=0.5, num_requests=120)
+    # a target no default meets at one replica, so the search must try the other flags
+    r = tune(Path(MODELS_DIR) / "mistral-7b-v0.1.json", gpu="h200", max_gpus=1, workload=w,
+             targets=LatencyTargets(1.0, 0.015, percentile=50), tps=(1,), kv_cache_dtypes=("auto",),
+             max_model_len=2048, max_num_seqs_choices=(None, 128), max_num_batched_tokens_choices=(None,))
+    tried = {(c.plan.max_num_seqs, c.plan.max_num_batched_tokens) for c in r.tried}
+    default = next(c.plan for c in r.tried if not c.changed_flags)
+    assert tried <= {(default.max_num_seqs, default.max_num_batched_tokens), (128, default.max_num_batched_tokens)}
+    assert all(set(c.changed_flags) <= {"max_num_seqs"} for c in r.tried)
+    assert (128, default.max_num_batched_tokens) in tried   # the default missed TPOT: the grid's other point was priced
+
+
+def test_a_grid_must_start_with_the_default():
+    w = OnlineWorkload(4, 512, 64, num_requests=50)
+    with pytest.raises(ServebookError, match="start with None"):
+        tune("llama-3.1-8b", gpu="h200", max_gpus=1, workload=w, targets=LatencyTargets(1.0, 0.05),
+             max_num_seqs_choices=(128,))
