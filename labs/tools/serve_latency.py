@@ -14,8 +14,7 @@ torn down), send a short warm-up, then for each rate run vLLM's own benchmark cl
 ``--ignore-eos``, and keep every request's TTFT, inter-token gaps and send time, the summary, and
 the engine's ``/metrics`` before and after (its own TTFT, queue, prefill and decode histograms'
 sums and counts). One JSON file per server (schema ``servebook.serve_latency/1``) is re-written
-after every rate, so a call cut by its time limit returns what finished; a finished server's file is
-stored gzip-compressed (``serve_NAME.json.gz``). Weights are random
+after every rate, so a call cut by its time limit returns what finished. Weights are random
 (``load_format=dummy``): timing behaves as with real weights.
 """
 from __future__ import annotations
@@ -129,12 +128,7 @@ def run_server(spec: dict, plan: dict, out_dir: Path, deadline: float) -> None:
                       f"tpot p50 {s['median_tpot_ms']:.2f} ms, out {s['output_throughput']:.0f} tok/s", flush=True)
                 path.write_text(json.dumps(doc))
             doc["startup_log"] = server.log[-200000:]
-    # the finished record is stored gzip-compressed (servebook.records reads either form): the
-    # per-request gaps make it megabytes, and every GPU call carries the working tree
-    import gzip
-
-    path.with_suffix(".json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
-    path.unlink(missing_ok=True)
+    path.write_text(json.dumps(doc))
 
 
 def main() -> None:
